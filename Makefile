@@ -1,0 +1,58 @@
+# The vLLM weight-loader patch series: see README.md for each target.
+# Every target runs the Python tooling in scripts/seriestool from .venv.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SERIES := PYTHONPATH=scripts $(PY) -m seriestool
+VLLM ?=
+BRANCH ?=
+BASE ?=
+CONSOLIDATED ?=
+TO ?=
+CONTINUE ?=
+ABORT ?=
+KEEP ?=
+JSON ?=
+
+opt = $(if $(2),$(1) $(2))
+
+.PHONY: venv base apply export check-manifest check rebase test test-tooling \
+	test-series lint device-bundle
+
+venv:
+	python3 scripts/bootstrap_venv.py
+
+base: venv
+	$(SERIES) base
+
+apply: venv
+	$(SERIES) apply $(call opt,--vllm,$(VLLM))
+
+export: venv
+	$(SERIES) export $(call opt,--vllm,$(VLLM)) $(call opt,--branch,$(BRANCH)) $(call opt,--base,$(BASE))
+
+check-manifest:
+	@PYTHONPATH=scripts python3 -m seriestool check-manifest
+
+check: venv
+	$(SERIES) check $(call opt,--consolidated,$(CONSOLIDATED)) $(call opt,--vllm,$(VLLM)) \
+		$(call opt,--base,$(BASE)) $(if $(JSON),--json)
+
+rebase: venv
+	$(SERIES) rebase $(call opt,--to,$(TO)) $(call opt,--vllm,$(VLLM)) \
+		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(KEEP),--keep-conflict)
+
+test: venv check-manifest test-tooling test-series
+
+test-tooling: venv
+	$(PY) -m pytest tests/tooling
+
+test-series: venv
+	$(SERIES) test-series
+
+lint: venv
+	$(PY) -m ruff check scripts tests
+	$(PY) -m ruff format --check scripts tests
+
+device-bundle: venv
+	$(SERIES) device-bundle

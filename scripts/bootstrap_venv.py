@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Create or update the dev environment ``.venv`` idempotently (``make venv``).
+
+Stage 1 installs the ``dev`` dependency group of pyproject.toml: enough to fetch
+the vLLM sdist (torch, setuptools-rust, setuptools-scm) and run the tooling
+tests.  Stage 2 installs what the vLLM-side tests need, read from the
+materialised base: its ``requirements/common.txt`` and ruff at the version its
+``.pre-commit-config.yaml`` pins.  Each stage records a hash of its inputs in
+the venv and is skipped when nothing changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tomllib
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("SERIES_VENV", ROOT / ".venv"))
+PY = VENV / "bin" / "python"
+
+
+def pip_install(args: list[str], stamp_name: str, inputs: str) -> None:
+    stamp = VENV / stamp_name
+    digest = hashlib.sha256((sys.version + inputs).encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        print(f"venv {stamp_name}: up to date")
+        return
+    subprocess.run(
+        [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
+        check=True,
+    )
+    stamp.write_text(digest)
+
+
+def main() -> int:
+    if not PY.exists():
+        print(f"creating {VENV}")
+        venv.create(VENV, with_pip=True)
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
+    pip_install(dev, "series-stage1", "\n".join(dev))
+
+    req = VENV / "series-stage2-requirements.txt"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    subprocess.run(
+        [str(PY), "-m", "seriestool", "base", "--requirements", str(req)], check=True, env=env
+    )
+    pip_install(["-r", str(req)], "series-stage2", req.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""Materialise a vLLM release from its PyPI sdist as a reproducible git base.
+
+The sdist is the reproducible source of a release tree: this module fetches it
+with pip (the ordinary client), checks its sha256, unpacks it and records it as
+one commit whose author, committer, dates and message are fixed, so the commit
+id is the same on every machine.  The result is cached as a bare repository in
+the git-ignored work folder; the second run reuses it.
+
+Fetching: ``pip download`` prepares an sdist's metadata even with
+``--no-deps``.  vLLM's ``setup.py`` then imports torch, setuptools-rust and
+setuptools-scm, so the download runs with ``--no-build-isolation`` from an
+environment that has them (``make venv`` installs them), with
+``VLLM_TARGET_DEVICE=empty`` (no extension build is planned) and
+``VLLM_VERSION_OVERRIDE`` (no git metadata is needed for the version).  With a
+known hash the requirement is passed in ``--require-hashes`` mode, so pip itself
+refuses a mismatch before anything is unpacked; the hash is checked again here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import git as g
+from .errors import SeriesError
+from .manifest import ROOT
+
+WORK_DIR = Path(os.environ.get("SERIES_WORK_DIR", ROOT / "work"))
+
+# Fixed identity of the base commit: with these, the commit id depends only on
+# the sdist's content.
+BASE_IDENTITY = {
+    "GIT_AUTHOR_NAME": "vLLM sdist import",
+    "GIT_AUTHOR_EMAIL": "sdist-import@series.invalid",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "vLLM sdist import",
+    "GIT_COMMITTER_EMAIL": "sdist-import@series.invalid",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+BASE_BRANCH = "base"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sdist_filename(project: str, version: str) -> str:
+    return f"{project}-{version}.tar.gz"
+
+
+def fetch_sdist(
+    project: str,
+    version: str,
+    sha256: str | None,
+    dest_dir: Path,
+    pip_args: Sequence[str] = (),
+) -> tuple[Path, str]:
+    """Download ``project==version``'s sdist into ``dest_dir`` with pip.
+
+    Args:
+        sha256: expected hex digest, or None to take the one the index
+            publishes (pip checks downloads against the index's hash fragment).
+        pip_args: extra pip options, e.g. ``--index-url``/``--find-links``.
+
+    Returns:
+        The sdist path and its sha256 (hex).
+
+    Raises:
+        SeriesError: pip failed (message quotes pip), or the file's hash is not
+            ``sha256``.
+    """
+    requirement = f"{project}=={version}"
+    cmd = [
+        sys.executable, "-m", "pip", "download",
+        "--no-deps", "--no-binary=:all:", "--no-build-isolation",
+        "--disable-pip-version-check", "--progress-bar=off",
+        "-d", str(dest_dir), *pip_args,
+    ]  # fmt: skip
+    if sha256:
+        req_file = dest_dir / "requirement.txt"
+        req_file.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+        cmd += ["--require-hashes", "-r", str(req_file)]
+    else:
+        cmd.append(requirement)
+    env = dict(os.environ, VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=version)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        hint = ""
+        if "DO NOT MATCH THE HASHES" in proc.stderr:
+            hint = (
+                f"\nThe sdist {sdist_filename(project, version)} does not have the"
+                f" pinned sha256 {sha256}: refusing it. If upstream re-published"
+                " the file, verify it and update patches/series.json deliberately."
+            )
+        raise SeriesError(
+            f"pip could not fetch the sdist of {requirement}:\n  " + "\n  ".join(detail[-8:]) + hint
+        )
+    path = dest_dir / sdist_filename(project, version)
+    if not path.exists():
+        raise SeriesError(f"pip ran but left no {path.name} in {dest_dir}")
+    actual = sha256_of(path)
+    if sha256 and actual != sha256:
+        raise SeriesError(f"sdist {path.name} has sha256 {actual}, expected {sha256}: refusing it")
+    return path, actual
+
+
+def read_upstream_commit(tree: Path) -> str | None:
+    """Abbreviated upstream commit recorded in the sdist's ``vllm/_version.py``."""
+    version_py = tree / "vllm" / "_version.py"
+    if not version_py.exists():
+        return None
+    match = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py.read_text())
+    return match.group(1) if match else None
+
+
+def unpack(sdist: Path, dest: Path) -> Path:
+    """Unpack ``sdist`` under ``dest``; returns the single top-level folder.
+
+    Uses tarfile's ``data`` filter: no absolute paths, no links out of the
+    tree, no device files.
+    """
+    try:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(dest, filter="data")
+    except tarfile.TarError as e:
+        raise SeriesError(f"cannot unpack {sdist.name} safely: {e}") from None
+    tops = [p for p in dest.iterdir()]
+    if len(tops) != 1 or not tops[0].is_dir():
+        raise SeriesError(f"{sdist.name} does not unpack to a single folder")
+    return tops[0]
+
+
+def import_tree(tree: Path, repo: Path, message: str) -> str:
+    """Record ``tree`` as one commit on ``base`` in bare ``repo``.
+
+    Uses plumbing (hash-object without filters, update-index) so neither the
+    user's git configuration nor ``.gitattributes``/``.gitignore`` files
+    inside the sdist change what is recorded.
+
+    Returns:
+        The commit id.
+    """
+    g.git(tree.parent, "init", "-q", "--bare", str(repo))
+    gd = f"--git-dir={repo}"
+    files: list[tuple[str, str]] = []  # (mode, relative path)
+    links: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = Path(dirpath) / name
+            rel = full.relative_to(tree).as_posix()
+            if full.is_symlink():
+                links.append(rel)
+            elif full.is_file():
+                mode = "100755" if os.stat(full).st_mode & 0o100 else "100644"
+                files.append((mode, rel))
+    oids = g.out(
+        tree, gd, "hash-object", "-w", "--no-filters", "--stdin-paths",
+        input="".join(f"{rel}\n" for _, rel in files),
+    ).splitlines()  # fmt: skip
+    entries = [f"{mode} {oid}\t{rel}" for (mode, rel), oid in zip(files, oids, strict=True)]
+    for rel in links:
+        target = os.readlink(tree / rel)
+        oid = g.out(tree, gd, "hash-object", "-w", "--stdin", input=target)
+        entries.append(f"120000 {oid}\t{rel}")
+    index = {"GIT_INDEX_FILE": str(repo / "import-index")}
+    g.git(tree, gd, "update-index", "--add", "--index-info",
+          input="\n".join(entries) + "\n", env=index)  # fmt: skip
+    tree_id = g.out(tree, gd, "write-tree", env=index)
+    (repo / "import-index").unlink()
+    commit = g.out(tree, gd, "commit-tree", tree_id, "-m", message, env=BASE_IDENTITY)
+    g.git(tree, gd, "update-ref", f"refs/heads/{BASE_BRANCH}", commit)
+    g.git(tree, gd, "symbolic-ref", "HEAD", f"refs/heads/{BASE_BRANCH}")
+    return commit
+
+
+def base_repo_path(project: str, version: str) -> Path:
+    return WORK_DIR / "base" / f"{project}-{version}.git"
+
+
+def materialise(
+    project: str,
+    version: str,
+    sha256: str | None,
+    upstream_commit: str | None = None,
+    expected_commit: str | None = None,
+    pip_args: Sequence[str] = (),
+    log=print,
+) -> tuple[Path, str, str]:
+    """Return (bare repo, base commit id, sdist sha256), building it if needed.
+
+    Nothing is left behind on failure: work happens in a temporary folder
+    inside the work folder that is renamed into place only when complete.
+
+    Raises:
+        SeriesError: fetch failed, wrong hash, the sdist records another
+            upstream commit, or the commit id is not ``expected_commit``.
+    """
+    repo = base_repo_path(project, version)
+    stamp = repo / "series-sdist-sha256"
+    if repo.exists() and g.rev(repo, BASE_BRANCH) and stamp.exists():
+        recorded = stamp.read_text().strip()
+        if sha256 and recorded != sha256:
+            raise SeriesError(
+                f"cached base {repo} was built from an sdist with sha256 {recorded},"
+                f" not {sha256}; remove {repo} and run again"
+            )
+        commit = g.rev(repo, BASE_BRANCH)
+        _check_commit(commit, expected_commit, repo)
+        return repo, commit, recorded
+
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="base-", dir=WORK_DIR) as tmp_name:
+        tmp = Path(tmp_name)
+        log(f"fetching {project}=={version} sdist with pip ...")
+        sdist, digest = fetch_sdist(project, version, sha256, tmp, pip_args)
+        log(f"sha256 {digest} verified; unpacking ...")
+        tree = unpack(sdist, tmp / "tree")
+        recorded_commit = read_upstream_commit(tree)
+        if upstream_commit and recorded_commit != upstream_commit:
+            raise SeriesError(
+                f"{sdist.name} records upstream commit {recorded_commit!r}, "
+                f"expected {upstream_commit!r}"
+            )
+        message = (
+            f"{project} {version} from PyPI sdist {sdist.name}\n\n"
+            f"sha256: {digest}\nupstream commit: {recorded_commit or 'unknown'}\n"
+        )
+        commit = import_tree(tree, tmp / "repo.git", message)
+        _check_commit(commit, expected_commit, sdist)
+        (tmp / "repo.git" / "series-sdist-sha256").write_text(digest + "\n")
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        if repo.exists():  # an incomplete earlier attempt without the stamp
+            shutil.rmtree(repo)
+        (tmp / "repo.git").rename(repo)
+        # Keep the verified sdist: the device bundle packs trees from it.
+        (WORK_DIR / "sdist").mkdir(exist_ok=True)
+        shutil.move(str(sdist), WORK_DIR / "sdist" / sdist.name)
+    log(f"base {project} {version} materialised: {repo} at {commit}")
+    return repo, commit, digest
+
+
+def _check_commit(commit: str, expected: str | None, source) -> None:
+    if expected and commit != expected:
+        raise SeriesError(
+            f"base built from {source} is commit {commit}, but the manifest pins"
+            f" {expected}; the import is not reproducible or the manifest is stale"
+        )
+
+
+def clone(base_repo: Path, dest: Path, branch: str = BASE_BRANCH) -> Path:
+    """A working checkout of the base, sharing the cache's objects."""
+    g.git(base_repo.parent, "clone", "-q", "--shared", "--branch", branch,
+          str(base_repo), str(dest))  # fmt: skip
+    # Commits made by the tooling in its own checkouts need an identity.
+    g.git(dest, "config", "user.name", "vLLM loader series")
+    g.git(dest, "config", "user.email", "series@localhost")
+    return dest

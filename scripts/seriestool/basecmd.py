@@ -1,0 +1,53 @@
+"""``base``: materialise the pinned vLLM base (cached) and print where it is.
+
+With ``--requirements FILE`` it also writes what the vLLM-side tests need from
+that base: its ``requirements/common.txt`` and ruff at the version vLLM's
+``.pre-commit-config.yaml`` pins (so lint matches upstream's CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from . import git as g
+from . import manifest as manifest_mod
+from .apply import ensure_default_checkout
+from .base import BASE_BRANCH, base_repo_path
+from .errors import SeriesError
+
+
+def ruff_pin(pre_commit_config: str) -> str:
+    """``ruff==X`` from the ruff-pre-commit hook's ``rev: vX`` line.
+
+    Raises:
+        SeriesError: the config has no ruff-pre-commit entry.
+    """
+    match = re.search(r"ruff-pre-commit\s*\n\s*rev:\s*v?([0-9][^\s]*)", pre_commit_config)
+    if not match:
+        raise SeriesError("the base's .pre-commit-config.yaml pins no ruff version")
+    return f"ruff=={match.group(1)}"
+
+
+def test_requirements(manifest: manifest_mod.Manifest) -> str:
+    repo = base_repo_path(manifest.base.project, manifest.base.version)
+    common = g.out(repo, "show", f"{BASE_BRANCH}:requirements/common.txt")
+    pre_commit = g.out(repo, "show", f"{BASE_BRANCH}:.pre-commit-config.yaml")
+    return f"{common}\n{ruff_pin(pre_commit)}\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    manifest = manifest_mod.load()
+    checkout = ensure_default_checkout(manifest)
+    print(f"pinned base {manifest.base.project} {manifest.base.version}: commit"
+          f" {manifest.base.commit}; checkout {checkout}")  # fmt: skip
+    if args.requirements:
+        Path(args.requirements).write_text(test_requirements(manifest))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("base", help="materialise the pinned base from its sdist")
+    p.add_argument("--requirements", help="also write the vLLM test requirements here")
+    p.set_defaults(func=run)

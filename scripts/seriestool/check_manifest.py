@@ -1,0 +1,73 @@
+"""``check-manifest``: the patch files and ``patches/series.json`` agree.
+
+Fails, naming the patch, when a patch file's stable patch ID or subject is not
+the recorded one, when a file is listed but missing or present but unlisted,
+or when the recorded touched files are not the files the patches touch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import manifest as manifest_mod
+from . import patchset
+
+
+def problems(
+    manifest: manifest_mod.Manifest, patch_dir: Path = manifest_mod.PATCH_DIR
+) -> list[str]:
+    """Every disagreement between ``patch_dir`` and ``manifest`` (empty: consistent)."""
+    found = []
+    listed = [p.file for p in manifest.patches]
+    on_disk = sorted(p.name for p in patch_dir.glob("*.patch"))
+    for name in sorted(set(on_disk) - set(listed)):
+        found.append(f"{name}: patch file is not listed in the manifest")
+    for name in listed:
+        if name not in on_disk:
+            found.append(f"{name}: listed in the manifest but the file is missing")
+    if sorted(listed) != listed:
+        found.append("manifest lists patches out of file-name order: " + ", ".join(listed))
+    touched: set[str] = set()
+    for entry in manifest.patches:
+        path = patch_dir / entry.file
+        if not path.exists():
+            continue
+        actual = patchset.patch_id_of_file(path)
+        if actual != entry.patch_id:
+            found.append(
+                f"{entry.file}: stable patch ID {actual} but the manifest records"
+                f" {entry.patch_id}; the patch changed: re-export it (`make export`)"
+            )
+        subject = patchset.subject_of_file(path)
+        if subject != entry.subject:
+            found.append(f"{entry.file}: subject {subject!r}, manifest {entry.subject!r}")
+        touched.update(patchset.files_touched(patch_dir, path))
+    recorded = set(manifest.base.touched_files)
+    if touched != recorded:
+        extra = ", ".join(sorted(touched - recorded)) or "-"
+        stale = ", ".join(sorted(recorded - touched)) or "-"
+        found.append(
+            f"touched files disagree with the manifest: unrecorded {extra}; recorded but"
+            f" untouched {stale}; re-export (`make export`)"
+        )
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    manifest_path = Path(args.manifest) if args.manifest else manifest_mod.MANIFEST_PATH
+    patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_path.parent
+    manifest = manifest_mod.load(manifest_path)
+    found = problems(manifest, patch_dir)
+    for line in found:
+        print(f"error: {line}")
+    if not found:
+        print(f"manifest ok: {len(manifest.patches)} patches, IDs and files agree")
+    return 1 if found else 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("check-manifest", help="patch files and manifest agree")
+    p.add_argument("--manifest", help="manifest file (default: patches/series.json)")
+    p.add_argument("--patches-dir", help="patch folder (default: the manifest's folder)")
+    p.set_defaults(func=run)

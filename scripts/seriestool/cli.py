@@ -1,0 +1,52 @@
+"""Command line: ``python -m seriestool <command>`` (the Makefile's targets call it).
+
+Each command lives in its own module, which exposes ``register(subparsers)``:
+it adds its sub-parser and sets ``func`` to a callable taking the parsed
+arguments and returning an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import SeriesError
+
+COMMAND_MODULES = (
+    "basecmd",
+    "apply",
+    "export",
+    "check_manifest",
+    "audit",
+    "rebase",
+    "seriestest",
+    "device",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="seriestool",
+        description="Tooling for the vLLM weight-loader patch series.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"seriestool.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"seriestool.{name}":
+                continue  # command not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SeriesError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code

@@ -1,0 +1,12 @@
+"""The one error type the tooling raises for bad input or a refused operation."""
+
+
+class SeriesError(Exception):
+    """A refusal or failure to report to the user: names the input and the fix.
+
+    The CLI prints the message and exits with ``exit_code`` (1 by default).
+    """
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code

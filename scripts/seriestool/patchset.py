@@ -1,0 +1,105 @@
+"""Patch files and commits as git sees them: stable patch IDs, subjects, paths.
+
+Stable patch IDs are computed by ``git patch-id --verbatim``: unlike the
+default, whitespace changes count, because indentation is meaning in Python
+(an indentation-only change must not look identical).
+"""
+
+from __future__ import annotations
+
+import email.header
+import email.parser
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import git as g
+from .errors import SeriesError
+
+
+def patch_id_of_text(diff_text: str, cwd: Path) -> str | None:
+    """Stable patch ID of one patch (format-patch file or diff text)."""
+    output = g.out(cwd, "patch-id", "--verbatim", input=diff_text)
+    return output.split()[0] if output else None
+
+
+def patch_id_of_file(path: Path) -> str:
+    """Stable patch ID of a format-patch file.
+
+    Raises:
+        SeriesError: the file holds no diff git can read.
+    """
+    pid = patch_id_of_text(path.read_text(), path.parent)
+    if pid is None:
+        raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
+    return pid
+
+
+def subject_of_file(path: Path) -> str:
+    """The patch's subject without the ``[PATCH n/m]`` prefix."""
+    with path.open() as f:
+        headers = email.parser.Parser().parse(f, headersonly=True)
+    raw = headers.get("Subject")
+    if raw is None:
+        raise SeriesError(f"{path} has no Subject header: not a git format-patch file")
+    subject = str(email.header.make_header(email.header.decode_header(raw)))
+    subject = " ".join(subject.split())
+    if subject.startswith("[PATCH"):
+        subject = subject.split("]", 1)[1].strip()
+    return subject
+
+
+def commit_patch_ids(
+    repo: Path, rev_range: str, paths: Sequence[str] = (), max_count: int | None = None
+) -> list[tuple[str, str]]:
+    """(commit, stable patch ID) for each non-merge commit of ``rev_range``.
+
+    One ``git log -p | git patch-id`` pipeline for the whole range, so
+    thousands of commits cost two processes.  With ``paths``, each commit's
+    diff is limited to them (commits touching none of them are skipped).
+    Commits are listed oldest first; ``max_count`` keeps only the newest ones.
+    """
+    args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff",
+            "--format=commit %H"]  # fmt: skip
+    if max_count is not None:
+        args.append(f"--max-count={max_count}")
+    args.append(rev_range)
+    if paths:
+        args += ["--", *paths]
+    log = g.git(repo, *args, text=False).stdout
+    ids = g.git(repo, "patch-id", "--verbatim", input=log, text=False).stdout.decode()
+    pairs = []
+    for line in ids.splitlines():
+        pid, commit = line.split()
+        pairs.append((commit, pid))
+    return pairs
+
+
+def files_touched(repo: Path, patch: Path) -> list[str]:
+    """Paths a patch file changes, both sides of renames, as git parses them.
+
+    ``git apply --numstat`` names each file's post-image path; applied in
+    reverse (``-R``) it names the pre-image path, so a rename contributes both.
+    """
+    paths: set[str] = set()
+    for reverse in ([], ["-R"]):
+        numstat = g.out(repo, "apply", *reverse, "--numstat", "-z", str(patch))
+        for entry in numstat.split("\0"):
+            if entry:
+                paths.add(entry.split("\t", 2)[2])
+    return sorted(paths)
+
+
+def am(repo: Path, patches: Sequence[Path], three_way: bool = True) -> None:
+    """``git am [--3way]`` the patches onto HEAD of ``repo``.
+
+    Raises:
+        SeriesError: a patch did not apply; the am session is left in
+            progress for the caller to report and abort.
+    """
+    # --keep-non-patch: strip only "[PATCH]", keep "[Model Loader]"-style tags.
+    # The user's hooks (e.g. a commit-msg linter) must not veto or rewrite
+    # series commits: their content is fixed by the patch files.
+    args = ["-c", "core.hooksPath=/dev/null", "am", "--quiet", "--no-keep-cr", "--keep-non-patch"]
+    if three_way:
+        args.append("--3way")
+    g.git(repo, *args, *[str(p) for p in patches])

@@ -1,0 +1,142 @@
+"""``test-series``: every prefix of the series applies and passes its tests.
+
+For each prefix 1..n of the series: clone the materialised base into a scratch
+checkout, ``git am --3way`` the prefix, and run with pytest the vLLM test files
+that the prefix's patches add or change, plus the manifest's upstream
+regression tests.  On the full series, ruff runs with vLLM's own configuration
+(the base's pyproject.toml) on every Python file the series touches.
+
+How vLLM's tests run on a CPU machine (and why):
+- ``VLLM_TARGET_DEVICE=cpu``: a source tree has no package metadata, so
+  vLLM's platform detection would otherwise resolve to an unspecified
+  platform; with it, vLLM picks its CPU platform, as its own CPU CI does.
+- vLLM's ``tests/conftest.py`` is loaded, not cut off: its imports are
+  satisfied by ``requirements/common.txt`` plus ``tblib`` (installed by
+  ``make venv``), which keeps upstream's fixtures available to the upstream
+  regression tests.  The series' own tests use no fixture from it, so on the
+  GPU machine (which lacks those packages) they run with ``--noconftest``.
+- CUDA tests are skipped here with their reason, which ``-rs`` prints.
+- pytest's exit status 5 (no tests collected) is a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import base as base_mod
+from . import manifest as manifest_mod
+from . import patchset
+from .errors import SeriesError
+from .report import table
+
+
+def is_test_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith("tests/") and name.startswith("test_") and name.endswith(".py")
+
+
+def patch_tests(checkout: Path, patch: Path) -> list[str]:
+    """Test files a patch adds or changes that exist after it is applied."""
+    return [
+        p for p in patchset.files_touched(checkout, patch)
+        if is_test_file(p) and (checkout / p).exists()
+    ]  # fmt: skip
+
+
+def run_pytest(checkout: Path, tests: list[str], deselect: dict[str, str]) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests]
+    for nodeid in deselect:
+        cmd += ["--deselect", nodeid]
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(checkout))
+    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    tail = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]
+    print(output, end="")
+    return proc.returncode, tail[0]
+
+
+def run_ruff(checkout: Path, files: list[str]) -> int:
+    """ruff check + format --check with the base's own configuration."""
+    ruff = [sys.executable, "-m", "ruff"]
+    rc = 0
+    for args in (["check"], ["format", "--check"]):
+        proc = subprocess.run([*ruff, *args, *files], cwd=checkout, text=True,
+                              capture_output=True)  # fmt: skip
+        print(proc.stdout + proc.stderr, end="")
+        rc |= proc.returncode
+    return rc
+
+
+def check_prefixes(
+    manifest: manifest_mod.Manifest,
+    patch_dir: Path = manifest_mod.PATCH_DIR,
+    only_full: bool = False,
+) -> int:
+    """Run the prefix checks; returns 0 when every prefix applies and passes."""
+    if not manifest.patches:
+        print("the series is empty: no vLLM-side tests to run")
+        return 0
+    repo, _commit, _sha = base_mod.materialise(
+        manifest.base.project,
+        manifest.base.version,
+        manifest.base.sdist.sha256,
+        upstream_commit=manifest.base.upstream_commit,
+        expected_commit=manifest.base.commit,
+    )
+    patches = manifest.patch_paths(patch_dir)
+    scratch_root = base_mod.WORK_DIR / "test-series"
+    rows = []
+    failed = False
+    start = len(patches) if only_full else 1
+    for k in range(start, len(patches) + 1):
+        prefix = patches[:k]
+        checkout = scratch_root / f"prefix-{k:02d}"
+        shutil.rmtree(checkout, ignore_errors=True)
+        checkout.parent.mkdir(parents=True, exist_ok=True)
+        base_mod.clone(repo, checkout)
+        label = f"0001..{prefix[-1].name[:4]}"
+        try:
+            patchset.am(checkout, prefix)
+        except SeriesError as e:
+            rows.append((label, "-", "does not apply", "-"))
+            print(f"prefix {label}: {e}")
+            failed = True
+            continue
+        own = patch_tests(checkout, prefix[-1])
+        if not own:
+            rows.append((label, "-", f"{prefix[-1].name} adds or changes no test", "-"))
+            failed = True
+            continue
+        tests = sorted({t for p in prefix for t in patch_tests(checkout, p)})
+        tests += manifest.regression_tests.paths
+        print(f"\n=== prefix {label}: pytest {' '.join(tests)}")
+        rc, summary = run_pytest(checkout, tests, manifest.regression_tests.deselect)
+        if rc == 5:
+            summary = "no tests collected (pytest exit 5)"
+        lint = "-"
+        if k == len(patches):
+            touched = sorted(manifest.base.touched_files)
+            py_files = [f for f in touched if f.endswith(".py") and (checkout / f).exists()]
+            print(f"\n=== ruff (vLLM config) on {len(py_files)} touched files")
+            lint_rc = run_ruff(checkout, py_files)
+            lint = "ok" if lint_rc == 0 else "FAILED"
+            failed |= lint_rc != 0
+        rows.append((label, len(tests), summary, lint))
+        failed |= rc != 0
+    print("\n" + table(("prefix", "test files", "pytest", "ruff"), rows))
+    return 1 if failed else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return check_prefixes(manifest_mod.load(), only_full=args.full_only)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("test-series", help="every prefix applies and passes its tests")
+    p.add_argument("--full-only", action="store_true", help="only the whole series")
+    p.set_defaults(func=run)

@@ -1,0 +1,149 @@
+"""Fixtures for the tooling tests: small throw-away git repositories."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "Test Author",
+    "GIT_AUTHOR_EMAIL": "author@example.com",
+    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "Test Committer",
+    "GIT_COMMITTER_EMAIL": "committer@example.com",
+    "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000",
+}
+
+
+class Repo:
+    """A throw-away repository with helpers to write files and commit."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def git(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        import os
+
+        env = dict(os.environ, **IDENTITY, LC_ALL="C")
+        proc = subprocess.run(
+            ["git", "-C", str(self.path), *args],
+            capture_output=True, text=True, env=env, input=input,
+        )  # fmt: skip
+        if check and proc.returncode != 0:
+            raise AssertionError(f"git {' '.join(args)} failed: {proc.stderr}")
+        return proc.stdout.rstrip("\n")
+
+    def write(self, files: dict[str, str | None]) -> None:
+        """Write (or, with None, delete) files relative to the work tree."""
+        for rel, text in files.items():
+            path = self.path / rel
+            if text is None:
+                path.unlink()
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+
+    def commit(self, message: str, files: dict[str, str | None] | None = None) -> str:
+        if files:
+            self.write(files)
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", message)
+        return self.git("rev-parse", "HEAD")
+
+    def head(self) -> str:
+        return self.git("rev-parse", "HEAD")
+
+
+@pytest.fixture
+def make_repo(tmp_path):
+    """Factory: ``make_repo(name, files)`` → Repo with one initial commit."""
+
+    def factory(name: str = "repo", files: dict[str, str] | None = None) -> Repo:
+        path = tmp_path / name
+        path.mkdir()
+        repo = Repo(path)
+        repo.git("init", "-q", "-b", "main")
+        repo.git("config", "user.name", "Test User")
+        repo.git("config", "user.email", "user@example.com")
+        repo.commit("base", files or {"README": "base\n"})
+        return repo
+
+    return factory
+
+
+def snapshot(repo: Repo) -> dict[str, str]:
+    """Everything a failed operation must leave as it was.
+
+    HEAD and branch (or detached), every branch tip, the index (as git records
+    it), the work tree (tracked changes, untracked and ignored files with their
+    contents) and the stash.
+    """
+    files = {}
+    for rel in repo.git("ls-files", "-z", "--others", "--cached").split("\0"):
+        if rel and (repo.path / rel).is_file():
+            files[rel] = (repo.path / rel).read_bytes().hex()
+    return {
+        "head": repo.git("rev-parse", "HEAD"),
+        "branch": repo.git("symbolic-ref", "-q", "HEAD", check=False),
+        "branches": repo.git("for-each-ref", "--format=%(refname) %(objectname)"),
+        "index": repo.git("ls-files", "-s"),
+        "status": repo.git("status", "--porcelain=v1", "--untracked-files=all", "--ignored"),
+        "files": repr(sorted(files.items())),
+        "stash": repo.git("stash", "list", "--format=%H %s"),
+    }
+
+
+@pytest.fixture
+def toy_series(make_repo, tmp_path):
+    """A toy upstream repo and a two-patch series exported from it.
+
+    Returns (repo, manifest, patch_dir): the repo is back on ``main`` at the
+    base commit; the manifest pins that commit.
+    """
+    from seriestool import export as export_mod
+    from seriestool import manifest as manifest_mod
+
+    repo = make_repo("upstream", {
+        "pkg/loader.py": "def load(x):\n    return x\n",
+        "pkg/other.py": "VALUE = 1\n",
+        "tests/test_loader.py": "from pkg.loader import load\n",
+    })  # fmt: skip
+    base = repo.head()
+    repo.git("checkout", "-q", "-b", "work")
+    repo.commit("[Loader] first change\n\nBody of the first patch.", {
+        "pkg/loader.py": "def load(x):\n    # first\n    return x\n",
+        "tests/test_first.py": "def test_first():\n    assert True\n",
+    })  # fmt: skip
+    repo.commit("[Loader] second change", {
+        "pkg/loader.py": "def load(x):\n    # first\n    return x + 0\n",
+        "tests/test_second.py": "def test_second():\n    assert True\n",
+    })  # fmt: skip
+    patch_dir = tmp_path / "patches"
+    patch_dir.mkdir()
+    manifest = manifest_mod.Manifest(
+        name="toy",
+        version="1",
+        base=manifest_mod.Base(
+            project="toy",
+            version="1.0",
+            upstream_commit=base[:9],
+            sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64),
+            commit=base,
+            touched_files={},
+        ),  # fmt: skip
+        patches=[],
+        regression_tests=manifest_mod.RegressionTests(),
+    )
+    export_mod.export_series(
+        repo.path, manifest, "work", base, patch_dir=patch_dir,
+        manifest_path=patch_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip
+    repo.git("checkout", "-q", "main")
+    repo.git("branch", "-q", "-D", "work")
+    return repo, manifest, patch_dir

@@ -1,0 +1,157 @@
+"""``apply`` on throw-away repos: success, idempotence, and every refusal
+leaving HEAD, branch, index, work tree and stash exactly as they were."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import snapshot
+from seriestool import apply as apply_mod
+from seriestool import patchset
+from seriestool.errors import SeriesError
+
+
+def _apply(repo, manifest, patch_dir):
+    lines: list[str] = []
+    rc = apply_mod.apply_series(repo.path, manifest, patch_dir, log=lines.append)
+    return rc, "\n".join(lines)
+
+
+def _user_clutter(repo):
+    """Untracked and stashed work of the user's that apply must not touch."""
+    repo.write({"pkg/other.py": "VALUE = 2\n"})
+    repo.git("stash", "push", "-q", "-m", "user stash")
+    repo.write({"notes.txt": "untracked user notes\n"})
+
+
+def test_apply_creates_branch_with_one_commit_per_patch(toy_series):
+    repo, manifest, patch_dir = toy_series
+    base = repo.head()
+    rc, output = _apply(repo, manifest, patch_dir)
+    assert rc == 0
+    assert repo.git("symbolic-ref", "--short", "HEAD") == manifest.branch_name
+    commits = repo.git("rev-list", "--reverse", f"{base}..HEAD").split()
+    assert len(commits) == len(manifest.patches) == 2
+    subjects = repo.git("log", "--reverse", "--format=%s", f"{base}..HEAD").splitlines()
+    assert subjects == [p.subject for p in manifest.patches]
+    # Each commit keeps the patch's author and carries its stable patch ID.
+    assert repo.git("log", "-1", "--format=%an <%ae>", commits[0]) == (
+        "Test Author <author@example.com>"
+    )
+    ids = [pid for _, pid in patchset.commit_patch_ids(repo.path, f"{base}..HEAD")]
+    assert ids == [p.patch_id for p in manifest.patches]
+    for p, commit in zip(manifest.patches, commits, strict=True):
+        row = next(line for line in output.splitlines() if line.startswith(p.file))
+        assert commit[:12] in row and p.patch_id[:12] in row and row.endswith("applied")
+
+
+def test_second_apply_changes_nothing_and_exits_zero(toy_series):
+    repo, manifest, patch_dir = toy_series
+    assert _apply(repo, manifest, patch_dir)[0] == 0
+    _user_clutter(repo)
+    before = snapshot(repo)
+    rc, output = _apply(repo, manifest, patch_dir)
+    assert rc == 0
+    assert "already applied" in output
+    assert snapshot(repo) == before
+
+
+def test_applied_series_is_detected_by_patch_id_not_branch_name(toy_series):
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    repo.git("branch", "-q", "-m", manifest.branch_name, "renamed")
+    before = snapshot(repo)
+    rc, output = _apply(repo, manifest, patch_dir)
+    assert rc == 0 and "already applied" in output
+    assert snapshot(repo) == before
+
+
+@pytest.mark.parametrize("change", ["unstaged", "staged"])
+def test_dirty_tree_is_refused_unchanged(toy_series, change):
+    repo, manifest, patch_dir = toy_series
+    _user_clutter(repo)
+    repo.write({"pkg/loader.py": "def load(x):\n    return None\n"})
+    if change == "staged":
+        repo.git("add", "pkg/loader.py")
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match=r"(?s)uncommitted changes.*pkg/loader.py"):
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before
+
+
+def test_wrong_base_is_refused_naming_files_and_rebase(toy_series):
+    repo, manifest, patch_dir = toy_series
+    repo.commit("local change", {"pkg/loader.py": "def load(x):\n    return 2 * x\n"})
+    _user_clutter(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as err:
+        _apply(repo, manifest, patch_dir)
+    assert "pkg/loader.py" in str(err.value)
+    assert "make rebase" in str(err.value)
+    assert "tests/test_first.py" not in str(err.value)  # absent in both: fine
+    assert snapshot(repo) == before
+
+
+def test_am_in_progress_is_refused_unchanged(toy_series):
+    repo, manifest, patch_dir = toy_series
+    # A user's own am that stopped on a conflict.
+    repo.commit("diverge", {"pkg/other.py": "VALUE = 3\n"})
+    foreign = repo.path.parent / "foreign.patch"
+    foreign.write_text(
+        "From: Someone <s@example.com>\nSubject: [PATCH] other\n\n---\n"
+        "diff --git a/pkg/other.py b/pkg/other.py\n--- a/pkg/other.py\n"
+        "+++ b/pkg/other.py\n@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 4\n"
+    )
+    repo.git("am", str(foreign), check=False)
+    assert (repo.path / ".git" / "rebase-apply").exists()
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="git am is in progress"):
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before
+    assert (repo.path / ".git" / "rebase-apply").exists()
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_failing_patch_restores_checkout_exactly(toy_series, detached):
+    repo, manifest, patch_dir = toy_series
+    # Patch 2 no longer applies: its context names a line that is not there.
+    second = patch_dir / manifest.patches[1].file
+    second.write_text(second.read_text().replace(" def load(x):", " def load(y):"))
+    if detached:
+        repo.git("checkout", "-q", "--detach", "HEAD")
+    _user_clutter(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as err:
+        _apply(repo, manifest, patch_dir)
+    message = str(err.value)
+    assert "nothing was changed" in message
+    assert "number 2" in message and "pkg/loader.py" in message
+    assert snapshot(repo) == before
+    assert not (repo.path / ".git" / "rebase-apply").exists()
+
+
+def test_untracked_file_in_the_way_fails_cleanly(toy_series):
+    repo, manifest, patch_dir = toy_series
+    repo.write({"tests/test_second.py": "user's own file\n"})
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="does not apply"):
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before
+    assert (repo.path / "tests/test_second.py").read_text() == "user's own file\n"
+
+
+def test_partially_applied_series_is_refused(toy_series):
+    repo, manifest, patch_dir = toy_series
+    repo.git("am", "-q", str(patch_dir / manifest.patches[0].file))
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="only part of the series"):
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before
+
+
+def test_existing_series_branch_is_refused(toy_series):
+    repo, manifest, patch_dir = toy_series
+    repo.git("branch", manifest.branch_name)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="already exists"):
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before

@@ -1,0 +1,137 @@
+"""``export`` is byte-reproducible and refreshes the manifest; ``check-manifest``
+catches tampered, missing and unlisted patches."""
+
+from __future__ import annotations
+
+import pytest
+from seriestool import apply as apply_mod
+from seriestool import check_manifest, patchset
+from seriestool import export as export_mod
+from seriestool import manifest as manifest_mod
+
+
+def _export(repo, manifest, base, out_dir):
+    out_dir.mkdir(exist_ok=True)
+    return export_mod.export_series(
+        repo.path, manifest, manifest.branch_name, base, patch_dir=out_dir,
+        manifest_path=out_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip
+
+
+def _contents(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_reexport_is_byte_identical_whatever_the_user_config(toy_series, tmp_path):
+    repo, manifest, patch_dir = toy_series
+    base = repo.head()
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    first = _contents(patch_dir)
+    # Settings that would change format-patch output if they were not pinned.
+    for key, value in [
+        ("diff.noprefix", "true"),
+        ("format.signature", "my signature"),
+        ("format.numbered", "true"),
+        ("diff.context", "5"),
+        ("core.abbrev", "7"),
+    ]:
+        repo.git("config", key, value)
+    _export(repo, manifest, base, tmp_path / "again")
+    assert _contents(tmp_path / "again") == first
+
+
+def test_export_format_allows_three_way_fallback(toy_series):
+    repo, manifest, patch_dir = toy_series
+    for entry in manifest.patches:
+        text = (patch_dir / entry.file).read_text()
+        assert text.startswith("From 0000000000000000000000000000000000000000 ")
+        index_lines = [ln for ln in text.splitlines() if ln.startswith("index ")]
+        assert index_lines
+        for line in index_lines:
+            old, new = line.split()[1].split("..")
+            assert len(old) == len(new) == 40  # full blob ids
+        assert "\n-- \n" not in text  # no signature footer
+
+
+def test_export_refreshes_manifest(toy_series):
+    repo, manifest, patch_dir = toy_series
+    saved = manifest_mod.load(patch_dir / "series.json")
+    assert [p.file for p in saved.patches] == sorted(p.name for p in patch_dir.glob("*.patch"))
+    assert [p.subject for p in saved.patches] == [
+        "[Loader] first change",
+        "[Loader] second change",
+    ]
+    for entry in saved.patches:
+        expected = repo.git("patch-id", "--verbatim",
+                            input=(patch_dir / entry.file).read_text()).split()[0]  # fmt: skip
+        assert entry.patch_id == expected
+    base = repo.head()
+    assert saved.base.touched_files == {
+        "pkg/loader.py": repo.git("rev-parse", f"{base}:pkg/loader.py"),
+        "tests/test_first.py": None,
+        "tests/test_second.py": None,
+    }
+    assert check_manifest.problems(saved, patch_dir) == []
+
+
+def test_tampered_patch_fails_check_manifest_naming_it(toy_series):
+    _repo, manifest, patch_dir = toy_series
+    entry = manifest.patches[1]
+    path = patch_dir / entry.file
+    path.write_text(path.read_text().replace("+    return x + 0", "+    return x + 1"))
+    found = check_manifest.problems(manifest, patch_dir)
+    assert len(found) == 1
+    assert found[0].startswith(entry.file) and "stable patch ID" in found[0]
+
+
+def test_indentation_only_tamper_is_caught(toy_series):
+    _repo, manifest, patch_dir = toy_series
+    entry = manifest.patches[1]
+    path = patch_dir / entry.file
+    path.write_text(path.read_text().replace("+    return x + 0", "+     return x + 0"))
+    found = check_manifest.problems(manifest, patch_dir)
+    assert [f.split(":")[0] for f in found] == [entry.file]
+
+
+def test_missing_and_unlisted_patch_files_fail(toy_series):
+    _repo, manifest, patch_dir = toy_series
+    (patch_dir / manifest.patches[0].file).rename(patch_dir / "0009-stray.patch")
+    found = check_manifest.problems(manifest, patch_dir)
+    assert any(f.startswith("0009-stray.patch: patch file is not listed") for f in found)
+    assert any(f.startswith(f"{manifest.patches[0].file}: listed") for f in found)
+
+
+def test_check_manifest_cli_exit_status(toy_series, capsys):
+    _repo, manifest, patch_dir = toy_series
+    args = ["check-manifest", "--manifest", str(patch_dir / "series.json")]
+    from seriestool.cli import main
+
+    assert main(args) == 0
+    path = patch_dir / manifest.patches[0].file
+    path.write_text(path.read_text().replace("# first", "# tampered"))
+    assert main(args) == 1
+    assert manifest.patches[0].file in capsys.readouterr().out
+
+
+def test_export_refuses_merge_commits(toy_series):
+    repo, manifest, patch_dir = toy_series
+    base = repo.head()
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    repo.git("checkout", "-q", "-b", "side", base)
+    repo.commit("side", {"side.txt": "x\n"})
+    repo.git("checkout", "-q", manifest.branch_name)
+    repo.git("merge", "-q", "--no-edit", "side")
+    from seriestool.errors import SeriesError
+
+    with pytest.raises(SeriesError, match="merge commits"):
+        _export(repo, manifest, base, patch_dir)
+
+
+def test_files_touched_follows_git_for_renames(make_repo):
+    repo = make_repo("r", {"a.py": "x = 1\n" * 20})
+    repo.git("mv", "a.py", "b.py")
+    repo.commit("rename")
+    text = repo.git("format-patch", "-M", "--stdout", "HEAD~1..HEAD")
+    patch = repo.path.parent / "rename.patch"
+    patch.write_text(text + "\n")
+    assert patchset.files_touched(repo.path, patch) == ["a.py", "b.py"]
