@@ -13,6 +13,8 @@ CONTINUE ?=
 ABORT ?=
 KEEP ?=
 JSON ?=
+# Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
+ARGS ?=
 
 opt = $(if $(2),$(1) $(2))
 
@@ -36,7 +38,7 @@ check-manifest:
 
 check: venv
 	$(SERIES) check $(call opt,--consolidated,$(CONSOLIDATED)) $(call opt,--vllm,$(VLLM)) \
-		$(call opt,--base,$(BASE)) $(if $(JSON),--json)
+		$(call opt,--base,$(BASE)) $(if $(JSON),--json) $(ARGS)
 
 rebase: venv
 	$(SERIES) rebase $(call opt,--to,$(TO)) $(call opt,--vllm,$(VLLM)) \

@@ -2,9 +2,11 @@
 
 For each prefix 1..n of the series: clone the materialised base into a scratch
 checkout, ``git am --3way`` the prefix, and run with pytest the vLLM test files
-that the prefix's patches add or change, plus the manifest's upstream
-regression tests.  On the full series, ruff runs with vLLM's own configuration
-(the base's pyproject.toml) on every Python file the series touches.
+that the prefix's patches add or change.  On the full series, the manifest's
+upstream regression tests run too (once: on this 2-core CI they take minutes,
+mostly vLLM's per-test distributed cleanup), and ruff runs with vLLM's own
+configuration (the base's pyproject.toml) on every Python file the series
+touches.
 
 How vLLM's tests run on a CPU machine (and why):
 - ``VLLM_TARGET_DEVICE=cpu``: a source tree has no package metadata, so
@@ -113,13 +115,15 @@ def check_prefixes(
             failed = True
             continue
         tests = sorted({t for p in prefix for t in patch_tests(checkout, p)})
-        tests += manifest.regression_tests.paths
+        full = k == len(patches)
+        if full:
+            tests += manifest.regression_tests.paths
         print(f"\n=== prefix {label}: pytest {' '.join(tests)}")
         rc, summary = run_pytest(checkout, tests, manifest.regression_tests.deselect)
         if rc == 5:
             summary = "no tests collected (pytest exit 5)"
         lint = "-"
-        if k == len(patches):
+        if full:
             touched = sorted(manifest.base.touched_files)
             py_files = [f for f in touched if f.endswith(".py") and (checkout / f).exists()]
             print(f"\n=== ruff (vLLM config) on {len(py_files)} touched files")

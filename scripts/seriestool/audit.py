@@ -1,0 +1,850 @@
+"""``check``: audit a consolidated branch against the patch series.
+
+A fork merges the series as a *consolidated* branch: one commit per patch, or
+squashed, with a test moved between commits or a review fix folded in.  This
+command proves, per patch, that its change is preserved (issue 8):
+
+- **identical**: a commit in ``BASE..CONSOLIDATED`` has the same verbatim
+  stable patch ID (``git patch-id --verbatim``: indentation is meaning in
+  Python, so an indentation-only change is *not* identical);
+- **combined**: several consecutive patches were squashed into one commit: the
+  combined diff of those patches has the commit's patch ID;
+- **changed**: a counterpart exists, paired the way ``git range-diff`` pairs
+  commits (git's own range-diff does the pairing; only its pair header lines
+  are parsed), and the report shows that pair's range-diff;
+- **missing**: none of the above.
+
+Consolidated commits that touch series-owned files (the union of the paths the
+patches change, as ``git apply --numstat`` reads them) and have no series
+counterpart are **extra**.  Finally the **end state**: every series-owned file
+at the consolidated tip must equal the series' result (mode and blob id); a
+difference is shown as ``git diff``.
+
+Everything is compared on the series-owned paths only: patch IDs come from one
+``git log -p -- <paths> | git patch-id --verbatim`` pipeline per range, and
+range-diff runs on both histories projected onto those paths by git-filter-repo.
+All of it happens in a scratch ``git clone --shared`` in a temporary folder:
+the user's repository, refs, index and work tree are only read.
+
+Exit status: 0 when every patch is identical or combined, nothing is extra and
+the end state is equal, or every other finding is accepted with ``--accept``;
+1 when a finding is not accepted; 2 when the audit cannot run (bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import base as base_mod
+from . import git as g
+from . import manifest as manifest_mod
+from . import patchset
+from .errors import SeriesError
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_REFUSED = 2
+
+IDENTICAL = "identical"
+COMBINED = "combined"
+CHANGED = "changed"
+MISSING = "missing"
+# Statuses that fail the audit unless accepted.
+FAILING = (CHANGED, MISSING)
+
+# Scratch-clone identity and hook isolation: `git am` there must neither need
+# the user's identity nor run the user's hooks.
+_SCRATCH_CONFIG = {
+    "user.name": "seriestool audit",
+    "user.email": "audit@series.invalid",
+    "core.hooksPath": "/dev/null",
+    "gc.auto": "0",
+}
+_SERIES_REF = "refs/heads/audit-series"
+_CONSOLIDATED_REF = "refs/heads/audit-consolidated"
+
+# A `git range-diff` pair header, e.g. ` 2:  1e811a7 ! 2:  5240e5d subject`
+# (range-diff.c, output_pair_header).  Body lines of a pair are indented by
+# four spaces; headers carry at most width-1 spaces of padding.
+_PAIR_HEADER = re.compile(
+    r"^ {0,3}(?P<lno>\d+|-+):\s+(?P<lsha>[0-9a-f]+|-+) (?P<st>[=!<>]) "
+    r"\s*(?P<rno>\d+|-+):\s+(?P<rsha>[0-9a-f]+|-+)(?: (?P<subject>.*))?$"
+)
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclasses.dataclass
+class Accept:
+    """One ``--accept KEY --reason TEXT``; ``used`` once it covered a finding."""
+
+    key: str
+    reason: str
+    used: bool = False
+
+
+@dataclasses.dataclass
+class PatchResult:
+    file: str
+    subject: str
+    patch_id: str | None
+    status: str = MISSING
+    commits: list[str] = dataclasses.field(default_factory=list)
+    note: str = ""
+    range_diff: str | None = None
+    accepted: str | None = None  # the reason, when accepted
+
+
+@dataclasses.dataclass
+class ExtraCommit:
+    commit: str
+    subject: str
+    paths: list[str]
+    accepted: str | None = None
+
+
+@dataclasses.dataclass
+class FileState:
+    path: str
+    series: dict[str, str] | None  # {"mode", "blob"}; None: absent
+    consolidated: dict[str, str] | None
+    diff: str | None = None
+    accepted: str | None = None
+
+    @property
+    def equal(self) -> bool:
+        return self.series == self.consolidated
+
+
+@dataclasses.dataclass
+class Report:
+    repo: str
+    base: str
+    consolidated_ref: str
+    consolidated: str
+    series_paths: list[str]
+    patches: list[PatchResult]
+    extra: list[ExtraCommit]
+    files: list[FileState]
+    accepts: list[Accept]
+    consolidated_commits: int  # commits of BASE..CONSOLIDATED touching series paths
+    seconds: float = 0.0
+
+    def failures(self) -> list[str]:
+        """Unaccepted findings, one short line each; empty when the audit passes."""
+        found = [
+            f"{p.file}: {p.status}"
+            for p in self.patches
+            if p.status in FAILING and p.accepted is None
+        ]
+        found += [f"extra commit {e.commit[:12]}" for e in self.extra if e.accepted is None]
+        found += [
+            f"end state differs: {f.path}" for f in self.files if not f.equal and f.accepted is None
+        ]
+        return found
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures()
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "repo": self.repo,
+            "base": self.base,
+            "consolidated": {"ref": self.consolidated_ref, "commit": self.consolidated},
+            "series_paths": self.series_paths,
+            "consolidated_commits_touching_series_paths": self.consolidated_commits,
+            "patches": [dataclasses.asdict(p) for p in self.patches],
+            "extra": [dataclasses.asdict(e) for e in self.extra],
+            "end_state": {
+                "equal": all(f.equal for f in self.files),
+                "files": [dict(dataclasses.asdict(f), equal=f.equal) for f in self.files],
+            },
+            "accepted": [dataclasses.asdict(a) for a in self.accepts],
+            "failures": self.failures(),
+            "seconds": round(self.seconds, 3),
+        }
+
+    def to_text(self) -> str:
+        return _render_text(self)
+
+
+# ---------------------------------------------------------------- audit
+
+
+def audit(
+    repo: Path,
+    consolidated_ref: str,
+    base_ref: str,
+    patch_files: Sequence[Path],
+    accepts: Sequence[Accept] = (),
+    creation_factor: int | None = None,
+) -> Report:
+    """Audit ``BASE..CONSOLIDATED`` of ``repo`` against the series ``patch_files``.
+
+    Only reads ``repo``; all writing happens in a scratch clone that is removed
+    afterwards.
+
+    Raises:
+        SeriesError: ``repo`` is not a git repository, a ref does not resolve,
+            BASE is not an ancestor of CONSOLIDATED, a patch file is missing or
+            does not apply on BASE, git-filter-repo is not installed (only
+            needed when some patch is not identical), or an ``--accept`` names
+            nothing the audit knows.
+    """
+    started = time.monotonic()
+    repo = Path(repo)
+    if g.git(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
+        raise SeriesError(
+            f"{repo} is not a git repository: run `make apply` to produce the default"
+            " checkout, or pass VLLM=<checkout> (--vllm) naming the repository that"
+            " holds the consolidated branch"
+        )
+    base = _resolve(repo, base_ref, "base", "--base/BASE=<commit the branch starts from>")
+    cons = _resolve(repo, consolidated_ref, "consolidated", "--consolidated/CONSOLIDATED=<ref>")
+    if g.git(repo, "merge-base", "--is-ancestor", base, cons, check=False).returncode != 0:
+        raise SeriesError(
+            f"base {base_ref} ({base[:12]}) is not an ancestor of {consolidated_ref}"
+            f" ({cons[:12]}): pass --base/BASE=<the commit {consolidated_ref} was"
+            " built on>"
+        )
+    for path in patch_files:
+        if not path.is_file():
+            raise SeriesError(
+                f"patch file {path} listed in the manifest does not exist:"
+                " run `make check-manifest` to see how the two disagree"
+            )
+
+    with tempfile.TemporaryDirectory(prefix="seriestool-audit-") as tmp:
+        scratch = Path(tmp) / "scratch"
+        g.git(Path(tmp), "clone", "-q", "--shared", "--no-checkout", str(repo), str(scratch))
+        paths = sorted({p for f in patch_files for p in patchset.files_touched(scratch, f)})
+        _prepare_scratch(scratch, base, paths)
+        series_commits = _apply_series(scratch, base, patch_files)
+        series_tip = series_commits[-1] if series_commits else base
+        g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
+
+        results = [
+            PatchResult(file=f.name, subject=patchset.subject_of_file(f), patch_id=None)
+            for f in patch_files
+        ]
+        if paths:
+            extra, files, n_cons = _classify(
+                scratch, base, series_commits, series_tip, cons, paths, results,
+                creation_factor, Path(tmp),
+            )  # fmt: skip
+        else:  # empty series: nothing is owned, nothing to compare
+            extra, files, n_cons = [], [], 0
+
+    report = Report(
+        repo=str(repo),
+        base=base,
+        consolidated_ref=consolidated_ref,
+        consolidated=cons,
+        series_paths=paths,
+        patches=results,
+        extra=extra,
+        files=files,
+        accepts=list(accepts),
+        consolidated_commits=n_cons,
+    )
+    _apply_accepts(report, repo)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _classify(
+    scratch: Path,
+    base: str,
+    series_commits: list[str],
+    series_tip: str,
+    cons: str,
+    paths: list[str],
+    results: list[PatchResult],
+    creation_factor: int | None,
+    tmp: Path,
+) -> tuple[list[ExtraCommit], list[FileState], int]:
+    """Fill ``results`` in place; return the extra commits and the end state."""
+    # `:(literal)`: series paths are file names, never glob patterns.
+    pathspecs = [f":(literal){p}" for p in paths]
+    series_ids = dict(patchset.commit_patch_ids(scratch, f"{base}..{series_tip}", pathspecs))
+    for result, commit in zip(results, series_commits, strict=True):
+        result.patch_id = series_ids.get(commit)
+    # One pipeline over the whole consolidated range; commits touching no
+    # series path are skipped by git itself.
+    cons_ids = patchset.commit_patch_ids(scratch, f"{base}..{cons}", pathspecs)
+    cons_order = [c for c, _ in cons_ids]
+    info = _commit_info(scratch, f"{base}..{cons}", pathspecs)
+    unclaimed = dict(cons_ids)  # commit -> patch ID, in range order
+
+    # identical: the same verbatim patch ID, each commit used once.
+    by_id: dict[str, list[str]] = {}
+    for commit, pid in cons_ids:
+        by_id.setdefault(pid, []).append(commit)
+    for result in results:
+        candidates = [c for c in by_id.get(result.patch_id or "", []) if c in unclaimed]
+        if result.patch_id and candidates:
+            result.status, result.commits = IDENTICAL, [candidates[0]]
+            del unclaimed[candidates[0]]
+
+    _find_combined(scratch, base, series_commits, results, unclaimed, pathspecs)
+
+    pending = [r for r in results if r.status == MISSING]
+    if pending and unclaimed:
+        _pair_with_range_diff(
+            scratch, base, series_commits, results, unclaimed, paths,
+            set(cons_order), creation_factor, tmp,
+        )  # fmt: skip
+
+    extra = [
+        ExtraCommit(commit=c, subject=info.get(c, ("", []))[0], paths=info.get(c, ("", []))[1])
+        for c in cons_order
+        if c in unclaimed
+    ]
+    return extra, _end_state(scratch, series_tip, cons, paths), len(cons_order)
+
+
+def _find_combined(
+    scratch: Path,
+    base: str,
+    series_commits: list[str],
+    results: list[PatchResult],
+    unclaimed: dict[str, str],
+    pathspecs: list[str],
+) -> None:
+    """Mark runs of consecutive unmatched patches squashed into one commit.
+
+    For each run i..j (two patches or more) a synthetic commit with the tree of
+    patch j on the parent of patch i carries exactly their combined diff; its
+    patch ID is compared with the unclaimed consolidated commits.  Longest
+    runs are tried first, so a squash of three is not reported as two.
+    """
+    if not unclaimed:
+        return
+    unmatched = [i for i, r in enumerate(results) if r.status == MISSING and r.patch_id]
+    runs: list[list[int]] = []
+    for i in unmatched:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    spans = [
+        (run[a], run[b]) for run in runs for a in range(len(run)) for b in range(a + 1, len(run))
+    ]
+    if not spans:
+        return
+    synthetic: dict[tuple[int, int], str] = {}
+    for first, last in spans:
+        parent = series_commits[first - 1] if first else base
+        synthetic[(first, last)] = g.out(
+            scratch, "commit-tree", f"{series_commits[last]}^{{tree}}", "-p", parent,
+            "-m", f"combined patches {first + 1}..{last + 1}",
+        )  # fmt: skip
+    ids = _patch_ids_of_commits(scratch, list(synthetic.values()), pathspecs)
+    by_id: dict[str, list[str]] = {}
+    for commit, pid in unclaimed.items():
+        by_id.setdefault(pid, []).append(commit)
+    for first, last in sorted(spans, key=lambda s: (s[0] - s[1], s[0])):
+        members = results[first : last + 1]
+        if any(r.status != MISSING for r in members):
+            continue
+        pid = ids.get(synthetic[(first, last)])
+        candidates = [c for c in by_id.get(pid or "", []) if c in unclaimed]
+        if not candidates:
+            continue
+        commit = candidates[0]
+        del unclaimed[commit]
+        names = [r.file.split("-", 1)[0] for r in members]
+        for r in members:
+            r.status, r.commits = COMBINED, [commit]
+            r.note = "squashed with " + ", ".join(n for n in names if not r.file.startswith(n))
+
+
+def _pair_with_range_diff(
+    scratch: Path,
+    base: str,
+    series_commits: list[str],
+    results: list[PatchResult],
+    unclaimed: dict[str, str],
+    paths: list[str],
+    cons_known: set[str],
+    creation_factor: int | None,
+    tmp: Path,
+) -> None:
+    """Pair still-missing patches with unclaimed commits through ``git range-diff``.
+
+    Both histories are first projected onto the series paths with
+    git-filter-repo (scratch clone only), so unrelated files neither disturb
+    the pairing nor show in the range-diff.  Pairs are taken only when both
+    sides are still unclaimed; their range-diff body becomes the report's.
+    """
+    old_of = _project(scratch, base, paths, tmp)
+    proj_series = g.out(scratch, "rev-parse", _SERIES_REF)
+    proj_cons = g.out(scratch, "rev-parse", _CONSOLIDATED_REF)
+    left = sorted(_rev_list(scratch, f"{base}..{proj_series}"))
+    right = sorted(_rev_list(scratch, f"{base}..{proj_cons}"))
+    args = ["range-diff", "--no-color"]
+    if creation_factor is not None:
+        args.append(f"--creation-factor={creation_factor}")
+    text = g.out(scratch, *args, f"{base}..{proj_series}", f"{base}..{proj_cons}")
+
+    series_index = {c: i for i, c in enumerate(series_commits)}
+    for status, lsha, rsha, body in _parse_range_diff(text):
+        if status not in "=!":
+            continue
+        lnew, rnew = _by_prefix(left, lsha), _by_prefix(right, rsha)
+        lold, rold = old_of.get(lnew or "", lnew), old_of.get(rnew or "", rnew)
+        if lold not in series_index or rold not in unclaimed or rold not in cons_known:
+            continue
+        result = results[series_index[lold]]
+        if result.status != MISSING:
+            continue
+        del unclaimed[rold]
+        result.status, result.commits = CHANGED, [rold]
+        result.range_diff = body
+        result.note = (
+            "range-diff below" if body.strip() else "IDs differ; range-diff shows no difference"
+        )
+
+
+def _parse_range_diff(text: str) -> list[tuple[str, str, str, str]]:
+    """(status, left sha, right sha, body) per pair header of range-diff output.
+
+    Only the header lines are interpreted; the body (the diff of the two
+    patches, four-space indented) is kept verbatim for the report.
+    """
+    pairs: list[tuple[str, str, str, list[str]]] = []
+    for line in text.splitlines():
+        match = None if line.startswith("    ") else _PAIR_HEADER.match(line)
+        if match:
+            pairs.append((match["st"], match["lsha"], match["rsha"], []))
+        elif pairs:
+            pairs[-1][3].append(line)
+    return [(st, lsha, rsha, "\n".join(body)) for st, lsha, rsha, body in pairs]
+
+
+def _by_prefix(commits: list[str], prefix: str) -> str | None:
+    """The one commit of sorted ``commits`` that ``prefix`` abbreviates, else None."""
+    if prefix.startswith("-"):
+        return None
+    i = bisect.bisect_left(commits, prefix)
+    found = [c for c in commits[i : i + 2] if c.startswith(prefix)]
+    return found[0] if len(found) == 1 else None
+
+
+def _end_state(scratch: Path, series_tip: str, cons: str, paths: list[str]) -> list[FileState]:
+    """Mode and blob of every series path at both tips; a ``git diff`` for each difference."""
+    series = _tree_entries(scratch, series_tip, paths)
+    consolidated = _tree_entries(scratch, cons, paths)
+    files = []
+    for path in paths:
+        state = FileState(path, series.get(path), consolidated.get(path))
+        if not state.equal:
+            state.diff = g.out(
+                scratch, "diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
+                series_tip, cons, "--", f":(literal){path}",
+            )  # fmt: skip
+        files.append(state)
+    return files
+
+
+# ---------------------------------------------------------------- git helpers
+
+
+def _resolve(repo: Path, ref: str, what: str, option: str) -> str:
+    commit = g.rev(repo, ref)
+    if commit is None:
+        raise SeriesError(f"{what} {ref!r} names no commit in {repo}: pass {option}")
+    return commit
+
+
+def _prepare_scratch(scratch: Path, base: str, paths: list[str]) -> None:
+    """Check BASE out in the scratch clone, sparsely: only the series paths.
+
+    The clone shares the user's objects (``--shared``) and is only written
+    to itself.  A vLLM tree has thousands of files; materialising just the
+    files the patches touch keeps the audit at seconds, and ``git am`` needs
+    no others.
+    """
+    for key, value in _SCRATCH_CONFIG.items():
+        g.git(scratch, "config", key, value)
+    if not paths:
+        return  # empty series: nothing to apply
+    g.git(scratch, "config", "core.sparseCheckout", "true")
+    g.git(scratch, "config", "core.sparseCheckoutCone", "false")
+    info = g.git_dir(scratch) / "info"
+    info.mkdir(exist_ok=True)
+    (info / "sparse-checkout").write_text("".join(f"{_sparse_pattern(p)}\n" for p in paths))
+    g.git(scratch, "checkout", "-q", "-B", _SERIES_REF.removeprefix("refs/heads/"), base)
+
+
+def _sparse_pattern(path: str) -> str:
+    """A gitignore-style pattern matching exactly ``path`` (anchored, escaped)."""
+    escaped = re.sub(r"([\\*?\[])", r"\\\1", path)
+    if escaped.endswith(" "):
+        escaped = escaped[:-1] + "\\ "
+    return "/" + escaped
+
+
+def _apply_series(scratch: Path, base: str, patch_files: Sequence[Path]) -> list[str]:
+    """``git am --3way`` each patch onto BASE; returns one commit per patch.
+
+    Raises:
+        SeriesError: a patch does not apply on BASE.
+    """
+    for path in patch_files:
+        try:
+            patchset.am(scratch, [path])
+        except SeriesError as e:
+            raise SeriesError(
+                f"patch {path.name} does not apply on the base in the scratch clone,"
+                f" so the series' result cannot be built: {e}. Pass the commit the"
+                " series is based on with --base/BASE=, or rebase the series"
+            ) from None
+    commits = _rev_list(scratch, f"{base}..HEAD")
+    if len(commits) != len(patch_files):
+        raise SeriesError(
+            f"applying {len(patch_files)} patches made {len(commits)} commits:"
+            " an empty patch? run `make check-manifest`"
+        )
+    return commits
+
+
+def _rev_list(repo: Path, rev_range: str) -> list[str]:
+    """Non-merge commits of ``rev_range``, oldest first."""
+    return g.out(repo, "rev-list", "--reverse", "--no-merges", rev_range).split()
+
+
+def _tree_entries(repo: Path, commit: str, paths: list[str]) -> dict[str, dict[str, str]]:
+    listing = g.out(repo, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *paths)
+    wanted = set(paths)
+    entries = {}
+    for entry in listing.split("\0"):
+        if not entry:
+            continue
+        meta, path = entry.split("\t", 1)
+        mode, _kind, oid = meta.split()
+        if path in wanted:
+            entries[path] = {"mode": mode, "blob": oid}
+    return entries
+
+
+def _commit_info(
+    repo: Path, rev_range: str, pathspecs: list[str]
+) -> dict[str, tuple[str, list[str]]]:
+    """Subject and series paths touched of each commit of the range: one ``git log``."""
+    raw = g.out(
+        repo, "log", "--no-merges", "--no-color", "--format=%x01%H %s", "--name-only",
+        "-z", rev_range, "--", *pathspecs,
+    )  # fmt: skip
+    info: dict[str, tuple[str, list[str]]] = {}
+    current: list[str] | None = None
+    for token in raw.split("\0"):
+        token = token.lstrip("\n")
+        if token.startswith("\x01"):
+            commit, _, subject = token[1:].partition(" ")
+            current = []
+            info[commit] = (subject, current)
+        elif token and current is not None:
+            current.append(token)
+    return info
+
+
+def _patch_ids_of_commits(repo: Path, commits: list[str], pathspecs: list[str]) -> dict[str, str]:
+    """Stable verbatim patch ID of each given commit, in one pipeline.
+
+    The same ``git log -p`` options as ``patchset.commit_patch_ids``, so the
+    IDs are comparable with it.
+    """
+    log = g.git(
+        repo, "log", "-p", "--no-walk=unsorted", "--stdin", "--no-merges", "--no-color",
+        "--no-ext-diff", "--format=commit %H", "--", *pathspecs,
+        input="".join(f"{c}\n" for c in commits), text=False,
+    ).stdout  # fmt: skip
+    ids = g.git(repo, "patch-id", "--verbatim", input=log, text=False).stdout.decode()
+    return {commit: pid for pid, commit in (line.split() for line in ids.splitlines())}
+
+
+def filter_repo_command() -> list[str]:
+    """How to run git-filter-repo: next to this Python (the venv), else on PATH.
+
+    Raises:
+        SeriesError: it is installed in neither place.
+    """
+    beside = Path(sys.executable).parent / "git-filter-repo"
+    if beside.is_file():
+        return [str(beside)]
+    found = shutil.which("git-filter-repo")
+    if found:
+        return [found]
+    raise SeriesError(
+        "git-filter-repo is needed to compare commits on the series paths only,"
+        " and is neither next to the running Python nor on PATH: run `make venv`"
+        " (it installs git-filter-repo from PyPI) or `pip install git-filter-repo`"
+    )
+
+
+def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str, str]:
+    """Rewrite the two audit refs of ``scratch`` onto ``paths`` only.
+
+    Only ``BASE..`` of the series and consolidated refs is rewritten (BASE
+    itself is referenced, not exported); commits left empty are pruned.
+    Returns a map projected commit -> original commit.
+    """
+    path_file = tmp / "series-paths"
+    # `literal:` so no series path is read as a glob, regex or rename rule.
+    path_file.write_text("".join(f"literal:{p}\n" for p in paths))
+    cmd = [
+        *filter_repo_command(), "--quiet", "--force", "--paths-from-file", str(path_file),
+        "--refs", f"^{base}", _SERIES_REF, _CONSOLIDATED_REF,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=scratch, capture_output=True, text=True, env=g._env(), check=False
+    )
+    if proc.returncode != 0:
+        raise SeriesError(
+            f"git-filter-repo failed projecting the scratch clone onto the series"
+            f" paths: {(proc.stderr or proc.stdout).strip()}"
+        )
+    old_of: dict[str, str] = {}
+    commit_map = g.git_dir(scratch) / "filter-repo" / "commit-map"
+    for line in commit_map.read_text().splitlines()[1:]:  # header: "old new"
+        old, new = line.split()
+        if set(new) != {"0"}:
+            old_of[new] = old
+    return old_of
+
+
+# ---------------------------------------------------------------- accepts
+
+
+def _apply_accepts(report: Report, repo: Path) -> None:
+    """Mark findings covered by ``--accept``.
+
+    Keys: a patch number (``0002``) or patch file name; ``extra:<commit>``;
+    ``file:<path>`` for an end-state difference.
+
+    Raises:
+        SeriesError: a key names no series patch, no commit of the audited
+            range that touches series files, or no series-owned path.
+    """
+    by_number = {p.file.split("-", 1)[0]: p for p in report.patches}
+    by_file = {p.file: p for p in report.patches}
+    files = {f.path: f for f in report.files}
+    extras = {e.commit: e for e in report.extra}
+    for acc in report.accepts:
+        kind, _, value = acc.key.partition(":")
+        if acc.key in by_file or acc.key in by_number:
+            patch = by_file.get(acc.key) or by_number[acc.key]
+            if patch.status in FAILING:
+                patch.accepted, acc.used = acc.reason, True
+        elif kind == "extra" and value:
+            commit = g.rev(repo, value)
+            if commit is None:
+                raise SeriesError(
+                    f"--accept {acc.key}: {value!r} names no commit in {report.repo};"
+                    " use the commit id the report lists under extra"
+                )
+            if commit in extras:
+                extras[commit].accepted, acc.used = acc.reason, True
+        elif kind == "file" and value:
+            if value not in files:
+                raise SeriesError(
+                    f"--accept {acc.key}: {value!r} is not a series-owned path;"
+                    f" series-owned paths: {', '.join(files) or '(none)'}"
+                )
+            if not files[value].equal:
+                files[value].accepted, acc.used = acc.reason, True
+        else:
+            raise SeriesError(
+                f"--accept {acc.key!r} names no series patch: use a patch number"
+                f" ({', '.join(by_number) or 'the series is empty'}), a patch file"
+                " name, extra:<commit> or file:<path>"
+            )
+
+
+class _AcceptAction(argparse.Action):
+    """``--accept KEY --reason TEXT``: each accept followed by its own reason."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        pending = getattr(namespace, "accepts", None) or []
+        if option_string == "--accept":
+            if pending and pending[-1].reason == "":
+                parser.error(
+                    f"--accept {pending[-1].key} needs a --reason before the next --accept"
+                )
+            pending.append(Accept(key=values, reason=""))
+        else:
+            if not pending or pending[-1].reason:
+                parser.error("--reason must follow the --accept it explains")
+            if not values.strip():
+                parser.error(f"--accept {pending[-1].key}: the reason must not be empty")
+            pending[-1].reason = values
+        namespace.accepts = pending
+
+
+# ---------------------------------------------------------------- output
+
+
+def _short(commit: str) -> str:
+    return commit[:12]
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def _render_text(report: Report) -> str:
+    lines = [
+        f"Audit of {report.consolidated_ref} ({_short(report.consolidated)}) against"
+        f" {len(report.patches)} series patches on base {_short(report.base)}",
+        f"repository: {report.repo}",
+        f"series-owned paths: {len(report.series_paths)}; consolidated commits touching"
+        f" them: {report.consolidated_commits}",
+        "",
+    ]
+    rows = [["patch", "subject", "status", "consolidated", "note"]]
+    for p in report.patches:
+        status = p.status + (" (accepted)" if p.accepted is not None else "")
+        subject = p.subject if len(p.subject) <= 48 else p.subject[:45] + "..."
+        rows.append([p.file, subject, status, ", ".join(map(_short, p.commits)), p.note])
+    lines += _table(rows) if report.patches else ["(the series is empty)"]
+
+    if report.extra:
+        lines += ["", "Extra commits (touch series-owned files, no series counterpart):"]
+        for e in report.extra:
+            acc = f"  (accepted: {e.accepted})" if e.accepted is not None else ""
+            lines.append(f"  {_short(e.commit)}  {e.subject}  [{', '.join(e.paths)}]{acc}")
+
+    differ = [f for f in report.files if not f.equal]
+    verdict = f"{len(differ)} differ from" if differ else "all equal"
+    lines += [
+        "",
+        f"End state: {len(report.files)} series-owned files at the consolidated tip;"
+        f" {verdict} the series' result",
+    ]
+    for f in differ:
+        acc = f"  (accepted: {f.accepted})" if f.accepted is not None else ""
+        lines.append(f"  differs  {f.path}{acc}")
+
+    if report.accepts:
+        lines += ["", "Accepted:"]
+        for a in report.accepts:
+            unused = "" if a.used else "  [unused: nothing to accept]"
+            lines.append(f"  {a.key}: {a.reason}{unused}")
+
+    for p in report.patches:
+        if p.range_diff is not None:
+            lines += ["", f"range-diff {p.file} -> {_short(p.commits[0])}:", p.range_diff]
+    for f in differ:
+        lines += [
+            "",
+            f"end-state diff {f.path} (series' result -> consolidated tip):",
+            f.diff or "",
+        ]
+
+    failures = report.failures()
+    lines += [
+        "",
+        f"Result: {'OK' if not failures else 'FAIL'} ({report.seconds:.2f} s)"
+        + "".join(f"\n  {f}" for f in failures),
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- command
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "check",
+        help="audit a consolidated branch against the series",
+        description=(
+            "Classify every series patch as identical, combined, changed or missing in"
+            " BASE..CONSOLIDATED, list extra commits touching series files, and compare"
+            " the series-owned files at the tip. Exit 0: passes; 1: unaccepted"
+            " findings; 2: the audit could not run."
+        ),
+    )
+    p.add_argument(
+        "--consolidated",
+        metavar="REF",
+        help="branch or commit to audit (default: the branch `make apply` creates)",
+    )
+    p.add_argument(
+        "--vllm",
+        metavar="PATH",
+        type=Path,
+        help="repository holding it (default: work/vllm, the checkout `make apply` makes)",
+    )
+    p.add_argument(
+        "--base",
+        metavar="REF",
+        help="commit the branch starts from (default: the manifest's base commit)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
+    p.add_argument(
+        "--accept",
+        metavar="KEY",
+        action=_AcceptAction,
+        help="accept a finding; KEY is a patch number (0002) or file name,"
+        " extra:<commit> or file:<path>; must be followed by --reason",
+    )
+    p.add_argument(
+        "--reason", metavar="TEXT", action=_AcceptAction, help="why the preceding --accept is fine"
+    )
+    p.add_argument(
+        "--creation-factor",
+        type=int,
+        metavar="N",
+        help="passed to git range-diff (default: git's 60)",
+    )
+    p.add_argument(
+        "--patches-dir",
+        type=Path,
+        metavar="DIR",
+        help="series folder (default: patches/, or the manifest's folder)",
+    )
+    p.add_argument(
+        "--manifest", type=Path, metavar="FILE", help="manifest (default: patches/series.json)"
+    )
+    p.set_defaults(func=run, accepts=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``check`` command: print the report, return 0, 1 or 2 (see module doc)."""
+    try:
+        accepts = args.accepts or []
+        if accepts and accepts[-1].reason == "":
+            raise SeriesError(f'--accept {accepts[-1].key} needs a --reason "..." after it')
+        manifest_path = args.manifest or manifest_mod.MANIFEST_PATH
+        patch_dir = args.patches_dir or (
+            manifest_path.parent if args.manifest else manifest_mod.PATCH_DIR
+        )
+        manifest = manifest_mod.load(manifest_path)
+        report = audit(
+            repo=args.vllm or base_mod.WORK_DIR / "vllm",
+            consolidated_ref=args.consolidated or manifest.branch_name,
+            base_ref=args.base or manifest.base.commit,
+            patch_files=manifest.patch_paths(patch_dir),
+            accepts=accepts,
+            creation_factor=args.creation_factor,
+        )
+    except SeriesError as e:
+        raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS

@@ -1,0 +1,79 @@
+"""``test-series`` fails loudly: a prefix without tests, a test file that
+collects nothing (pytest exit 5), a failing test, a patch that does not apply."""
+
+from __future__ import annotations
+
+import pytest
+
+from seriestool import base as base_mod
+from seriestool import seriestest
+
+
+@pytest.fixture
+def toy_base(toy_series, monkeypatch, tmp_path):
+    repo, manifest, patch_dir = toy_series
+    bare = tmp_path / "base.git"
+    repo.git("clone", "-q", "--bare", str(repo.path), str(bare))
+    repo.git("--git-dir", str(bare), "branch", "base", "main")
+    monkeypatch.setattr(base_mod, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(base_mod, "materialise", lambda *a, **k: (bare, manifest.base.commit, ""))
+    return manifest, patch_dir
+
+
+def _rewrite(patch_dir, entry, old, new):
+    path = patch_dir / entry.file
+    path.write_text(path.read_text().replace(old, new))
+
+
+def test_every_prefix_passes(toy_base, capsys):
+    manifest, patch_dir = toy_base
+    assert seriestest.check_prefixes(manifest, patch_dir) == 0
+    out = capsys.readouterr().out
+    # Prefix 1 runs only patch 1's test; prefix 2 runs both.
+    assert "prefix 0001..0001: pytest tests/test_first.py\n" in out
+    assert "prefix 0001..0002: pytest tests/test_first.py tests/test_second.py\n" in out
+    assert "2 passed" in out
+
+
+def test_failing_test_fails_the_series(toy_base, capsys):
+    manifest, patch_dir = toy_base
+    _rewrite(patch_dir, manifest.patches[1], "+    assert True", "+    assert False")
+    assert seriestest.check_prefixes(manifest, patch_dir) == 1
+    assert "1 failed" in capsys.readouterr().out
+
+
+def test_no_tests_collected_is_a_failure(toy_base, capsys):
+    manifest, patch_dir = toy_base
+    _rewrite(patch_dir, manifest.patches[0], "+def test_first():", "+def helper_first():")
+    _rewrite(patch_dir, manifest.patches[1], "+def test_second():", "+def helper_second():")
+    assert seriestest.check_prefixes(manifest, patch_dir) == 1
+    assert "no tests collected (pytest exit 5)" in capsys.readouterr().out
+
+
+def test_patch_without_tests_fails(toy_series, toy_base, capsys):
+    repo, _, _ = toy_series
+    manifest, patch_dir = toy_base
+    # Re-export the series with patch 2's test moved into patch 1.
+    from seriestool import export as export_mod
+
+    base = manifest.base.commit
+    repo.git("checkout", "-q", "-b", "moved", base)
+    repo.commit("[Loader] first change", {
+        "pkg/loader.py": "def load(x):\n    # first\n    return x\n",
+        "tests/test_first.py": "def test_first():\n    assert True\n",
+        "tests/test_second.py": "def test_second():\n    assert True\n",
+    })  # fmt: skip
+    repo.commit("[Loader] second change", {
+        "pkg/loader.py": "def load(x):\n    # first\n    return x + 0\n",
+    })  # fmt: skip
+    export_mod.export_series(repo.path, manifest, "moved", base, patch_dir=patch_dir,
+                             manifest_path=patch_dir / "series.json", log=lambda *_: None)  # fmt: skip
+    assert seriestest.check_prefixes(manifest, patch_dir) == 1
+    assert "adds or changes no test" in capsys.readouterr().out
+
+
+def test_patch_that_does_not_apply_fails(toy_base, capsys):
+    manifest, patch_dir = toy_base
+    _rewrite(patch_dir, manifest.patches[1], " def load(x):", " def load(y):")
+    assert seriestest.check_prefixes(manifest, patch_dir) == 1
+    assert "does not apply" in capsys.readouterr().out
