@@ -1,0 +1,272 @@
+"""Write the qualification checkpoints (CPU only, so it can run beside tests).
+
+    python3 make_checkpoints.py ROOT [--only synthetic,staging,layered,real]
+
+ROOT/synthetic  about 8 GiB, 4 indexed shards, mixed tensor sizes
+ROOT/staging    the same shards (hard links) plus a shard with one 1 GiB tensor
+ROOT/layered    a model-like stack for layerwise processing (fused q/k/v, gate/up)
+ROOT/real       a small Qwen3-MoE written by transformers' save_pretrained, sharded
+
+Each folder gets ``checkpoint.json``: what was written (tensor count, bytes,
+stream order where the benchmarks need it, timings).  Tensor bytes are random
+(a seeded random block, tiled from a different offset for every tensor), so a
+stale or overwritten buffer never matches by accident.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+TORCH_DTYPE = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "U8": torch.uint8,
+}
+
+BLOCK = np.random.default_rng(20261129).integers(
+    0, 256, size=64 * common.MiB + 4093, dtype=np.uint8
+)
+
+
+def random_tensor(index: int, shape, dtype: str) -> torch.Tensor:
+    n = common.nbytes_of(shape, dtype)
+    buf = np.empty(n, dtype=np.uint8)
+    pos, off = 0, (index * 1_000_003) % len(BLOCK)
+    while pos < n:
+        take = min(len(BLOCK) - off, n - pos)
+        buf[pos : pos + take] = BLOCK[off : off + take]
+        pos += take
+        off = 0
+    return torch.from_numpy(buf).view(TORCH_DTYPE[dtype]).reshape(shape)
+
+
+def write_sharded(
+    folder: Path, spec: list[list[tuple]], first_index: int = 0, names: list[str] | None = None
+) -> dict:
+    """Write ``spec`` as indexed shards ``model-0000i-of-0000n.safetensors``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(spec)
+    files = names or [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    offsets = [first_index]
+    for shard in spec[:-1]:
+        offsets.append(offsets[-1] + len(shard))
+
+    def one(i: int) -> None:
+        tensors = {
+            name: random_tensor(offsets[i] + j, shape, dtype)
+            for j, (name, shape, dtype) in enumerate(spec[i])
+        }
+        save_file(tensors, str(folder / files[i]), metadata={"format": "pt"})
+
+    with ThreadPoolExecutor(max_workers=min(4, n)) as pool:
+        list(pool.map(one, range(n)))
+    weight_map = {name: files[i] for i, shard in enumerate(spec) for name, _, _ in shard}
+    total = sum(common.nbytes_of(s, d) for shard in spec for _, s, d in shard)
+    return {"files": files, "weight_map": weight_map, "total_size": total}
+
+
+def write_index(folder: Path, weight_map: dict, total: int) -> None:
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
+def describe(folder: Path, files: list[str], extra: dict) -> dict:
+    paths = [str(folder / f) for f in files]
+    order = common.stream_order(paths)
+    info = {
+        "dir": str(folder),
+        "files": files,
+        "n_tensors": len(order),
+        "payload_bytes": None,
+        "file_bytes": sum(os.path.getsize(p) for p in paths),
+        **extra,
+    }
+    sizes = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        for name, meta in header.items():
+            sizes[name] = meta["data_offsets"][1] - meta["data_offsets"][0]
+    info["payload_bytes"] = sum(sizes.values())
+    info["largest_tensor_bytes"] = max(sizes.values())
+    common.write_json(folder / "checkpoint.json", info)
+    return info
+
+
+SMALL = False  # --small: CPU tests of these scripts
+
+
+def make_synthetic(root: Path) -> dict:
+    folder = root / "synthetic"
+    spec = common.synthetic_spec(small=SMALL)
+    written = write_sharded(folder, spec)
+    write_index(folder, written["weight_map"], written["total_size"])
+    return describe(folder, written["files"], {"kind": "synthetic"})
+
+
+def make_staging(root: Path) -> dict:
+    """The synthetic shards (hard links: no second copy in RAM) plus one shard
+    holding a 1 GiB tensor, sorted between shards 2 and 3 so the oversized
+    tensor sits in the middle of the stream."""
+    src, folder = root / "synthetic", root / "staging"
+    folder.mkdir(parents=True, exist_ok=True)
+    synthetic = json.loads((src / "model.safetensors.index.json").read_text())
+    files = sorted(set(synthetic["weight_map"].values()))
+    for name in files:
+        target = folder / name
+        if target.exists():
+            target.unlink()
+        try:
+            os.link(src / name, target)
+        except OSError:
+            shutil.copy2(src / name, target)
+    extra_name = files[1].replace("-of-", "b-extra-of-")
+    n_before = sum(1 for _ in synthetic["weight_map"])
+    big = common.BIG_TENSOR_SMALL if SMALL else common.BIG_TENSOR
+    written = write_sharded(folder, [[big]], first_index=n_before, names=[extra_name])
+    weight_map = dict(synthetic["weight_map"]) | written["weight_map"]
+    total = synthetic["metadata"]["total_size"] + written["total_size"]
+    write_index(folder, weight_map, total)
+    return describe(folder, sorted(files + [extra_name]), {"kind": "staging", "big_tensor": big[0]})
+
+
+def make_layered(root: Path) -> dict:
+    folder = root / "layered"
+    spec = common.layered_spec(small=SMALL)
+    written = write_sharded(folder, spec, first_index=10_000)
+    write_index(folder, written["weight_map"], written["total_size"])
+    order = common.stream_order([str(folder / f) for f in written["files"]])
+    sizes = {name: common.nbytes_of(s, d) for shard in spec for name, s, d in shard}
+    modules = common.layered_modules(spec)
+    return describe(
+        folder,
+        written["files"],
+        {
+            "kind": "layered",
+            "modules": modules,
+            "order": order,
+            "incomplete_bound_bytes": common.incomplete_bound(modules, order, sizes),
+            "model_bytes": sum(sizes.values()),
+        },
+    )
+
+
+def make_real(root: Path) -> dict:
+    """A small Qwen3-MoE (random weights) written by transformers itself."""
+    import transformers
+
+    folder = root / "real"
+    shutil.rmtree(folder, ignore_errors=True)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    arch = "Qwen3MoeForCausalLM"
+    try:
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        scale = 8 if SMALL else 1
+        config = Qwen3MoeConfig(
+            vocab_size=32768 // scale,
+            hidden_size=1024 // scale,
+            intermediate_size=2048,
+            moe_intermediate_size=512,
+            num_hidden_layers=6,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=64,
+            num_experts=16,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            tie_word_embeddings=False,
+            max_position_embeddings=4096,
+        )
+        model = Qwen3MoeForCausalLM(config)
+    except ImportError:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        arch = "Qwen3ForCausalLM"
+        config = Qwen3Config(
+            vocab_size=32768,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=12,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=64,
+            tie_word_embeddings=False,
+        )
+        model = Qwen3ForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
+    model.save_pretrained(str(folder), max_shard_size="2MB" if SMALL else "160MB")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    return describe(
+        folder,
+        files,
+        {
+            "kind": "real",
+            "architecture": arch,
+            "transformers": transformers.__version__,
+            "params": sum(p.numel() for p in model.parameters()),
+        },
+    )
+
+
+MAKERS = {
+    "synthetic": make_synthetic,
+    "staging": make_staging,
+    "layered": make_layered,
+    "real": make_real,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("--only", default=",".join(MAKERS))
+    parser.add_argument("--small", action="store_true", help="tiny sizes, for CPU tests")
+    args = parser.parse_args()
+    global SMALL
+    SMALL = args.small
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in args.only.split(","):
+        t0 = time.perf_counter()
+        info = MAKERS[name](root)
+        info["seconds_to_write"] = round(time.perf_counter() - t0, 2)
+        results[name] = info
+        print(
+            f"{name}: {info['n_tensors']} tensors, {info['payload_bytes'] / common.GiB:.2f}"
+            f" GiB in {len(info['files'])} files, {info['seconds_to_write']} s",
+            flush=True,
+        )
+    summary = {
+        k: {kk: vv for kk, vv in v.items() if kk not in ("modules", "order")}
+        for k, v in results.items()
+    }
+    common.write_json(root / "checkpoints.json", summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

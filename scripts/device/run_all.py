@@ -1,0 +1,939 @@
+"""Qualify the series on the GPU machine: tests, real-writer check, benchmarks.
+
+Run from the repository root there, with ``.device`` carried (``make
+device-bundle`` builds it): ``bash scripts/device/run_all.sh``.  Writes to
+``$OUT`` (six files, at its top level):
+
+  qualification.json  every figure, test count, version and verdict
+  summary.md          the tables, the targets, the problems
+  qualification.png   throughput and peak memory per configuration
+  run.log             this script's own log, machine facts, wheel install
+  pytest.log          the GPU test runs (series tests, negative controls)
+  bench.log           checkpoint writer and benchmark workers' output
+
+Every step has its own time limit and the whole run a budget (``--budget``,
+default 450 s), so one hang cannot eat the device tool's 600 s: a step that
+runs out is killed, recorded, and the run goes on to write its evidence.
+
+Order: install wheels and unpack trees; start, in the background, the
+checkpoint writer (CPU only) and one benchmark worker per tree (each imports
+vLLM once); run the series' tests on the patched tree (GPU), then each
+negative control; then the real-writer check and the benchmarks, each
+base/series comparison interleaved between the workers; then the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.util
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import common  # noqa: E402
+import report  # noqa: E402
+
+COMMAND = 'bash scripts/device/run_all.sh   (device tool: carry [".device"])'
+PY = sys.executable
+
+
+class Run:
+    """Log, deadline and results of one qualification run."""
+
+    def __init__(self, out: Path, work: Path, budget: float):
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + budget
+        self.out, self.work = out, work
+        self.log_file = (out / "run.log").open("a")
+        self.res: dict = {
+            "schema": 1,
+            "command": COMMAND,
+            "argv": sys.argv[1:],
+            "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "phases": {},
+            "problems": [],
+        }
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def log(self, msg: str, echo: bool = True) -> None:
+        line = f"[{self.elapsed():6.1f}s] {msg}"
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+        if echo:
+            print(line, flush=True)
+
+    def problem(self, msg: str) -> None:
+        self.res["problems"].append(msg)
+        self.log(f"PROBLEM: {msg}")
+
+    def limit(self, wanted: float, reserve: float = 25) -> float:
+        """A step's time limit: what it wants, within what the budget leaves."""
+        return max(5.0, min(wanted, self.left() - reserve))
+
+    def step(
+        self,
+        name: str,
+        cmd: list[str],
+        timeout: float,
+        log_path: Path,
+        env: dict | None = None,
+        cwd: Path | None = None,
+    ) -> dict:
+        """Run one command with its own time limit; its output goes to log_path."""
+        timeout = self.limit(timeout)
+        with log_path.open("a") as f:
+            f.write(f"\n===== {name}: {' '.join(map(str, cmd))}\n")
+            f.flush()
+            t0 = time.monotonic()
+            proc = subprocess.Popen(
+                cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+            )
+            timed_out = False
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                kill_group(proc)
+                rc = proc.wait()
+            seconds = time.monotonic() - t0
+            f.write(
+                f"===== {name}: rc={rc} in {seconds:.1f} s"
+                f"{f' (TIMED OUT after {timeout:.0f} s)' if timed_out else ''}\n"
+            )
+        info = {
+            "rc": rc,
+            "seconds": round(seconds, 1),
+            "timed_out": timed_out,
+            "limit_s": round(timeout),
+        }
+        self.res["phases"][name] = info
+        self.log(f"{name}: rc={rc} {seconds:.1f}s{' TIMED OUT' if timed_out else ''}")
+        return info
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+EXTRA_PATH: list[str] = []  # --extra-path (tooling tests: a stand-in instanttensor)
+
+
+def tree_env(tree: Path, site: Path) -> dict:
+    env = common.env_without_managed()
+    env["PYTHONPATH"] = ":".join([*EXTRA_PATH, str(tree), str(site)])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return env
+
+
+# --- workers -------------------------------------------------------------------
+
+
+class Worker:
+    """A worker.py process for one tree; JSON commands in, JSON results out."""
+
+    def __init__(self, run: Run, name: str, tree: Path, site: Path, device: str):
+        self.run, self.name, self.dead = run, name, False
+        self.tree_label = name
+        self.log_path = run.work / f"worker-{name}.log"
+        read_fd, write_fd = os.pipe()
+        self.proc = subprocess.Popen(
+            [
+                PY,
+                str(HERE / "worker.py"),
+                "--tree",
+                name,
+                "--result-fd",
+                str(write_fd),
+                "--device",
+                device,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=self.log_path.open("w"),
+            stderr=subprocess.STDOUT,
+            env=tree_env(tree, site),
+            cwd=run.work,
+            pass_fds=(write_fd,),
+            text=True,
+            start_new_session=True,
+        )
+        os.close(write_fd)
+        self.results: queue.Queue = queue.Queue()
+        reader = os.fdopen(read_fd)
+        threading.Thread(target=self._read, args=(reader,), daemon=True).start()
+        self.ready: dict | None = None
+
+    def _read(self, reader) -> None:
+        for line in reader:
+            try:
+                self.results.put(json.loads(line))
+            except json.JSONDecodeError:
+                self.results.put({"error": f"bad result line: {line[:200]}"})
+        self.results.put({"error": "worker exited", "eof": True})
+
+    def wait_ready(self, timeout: float) -> dict:
+        if self.ready is None:
+            try:
+                self.ready = self.results.get(timeout=max(1.0, timeout))
+            except queue.Empty:
+                self.ready = {"ready": False, "error": f"not ready after {timeout:.0f} s"}
+            if not self.ready.get("ready"):
+                self.dead = True
+                self.run.problem(
+                    f"worker {self.name} failed to start: {str(self.ready.get('error'))[-800:]}"
+                )
+        return self.ready
+
+    def call(self, op: str, timeout: float = 90, **kwargs) -> dict:
+        if self.dead:
+            return {"error": f"worker {self.name} is not running"}
+        timeout = self.run.limit(timeout, reserve=15)
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
+            self.proc.stdin.flush()
+            result = self.results.get(timeout=timeout)
+        except (BrokenPipeError, OSError) as e:
+            result = {"error": f"worker {self.name}: {e}"}
+        except queue.Empty:
+            result = {"error": f"worker {self.name}: {op} timed out after {timeout:.0f} s"}
+            self.run.problem(result["error"])
+            self.stop()
+        if result.get("eof"):
+            self.dead = True
+        if "error" in result:
+            self.run.log(f"  {self.name} {op}: ERROR {result['error'][-300:]}", echo=True)
+        return result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None and not self.dead:
+            try:
+                self.proc.stdin.write('{"op": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            kill_group(self.proc)
+            self.proc.wait()
+        self.dead = True
+
+
+# --- phases --------------------------------------------------------------------------
+
+
+def machine_facts(run: Run, shm_root: Path) -> dict:
+    facts: dict = {}
+
+    def sh(*cmd) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unavailable: {e}"
+
+    q = sh(
+        "nvidia-smi",
+        "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+        "--format=csv,noheader",
+    )
+    parts = [p.strip() for p in q.split(",")]
+    if len(parts) >= 2:
+        facts["gpu_smi"], facts["driver"] = parts[0], parts[1]
+        facts["gpu_memory_smi"] = parts[2] if len(parts) > 2 else None
+    header = sh("nvidia-smi")
+    if "CUDA Version:" in header:
+        facts["driver_cuda"] = header.split("CUDA Version:")[1].split()[0]
+    facts["kernel"] = sh("uname", "-r")
+    facts["nproc"] = os.cpu_count()
+    meminfo = Path("/proc/meminfo").read_text().splitlines()[:3]
+    facts["meminfo"] = [" ".join(m.split()) for m in meminfo]
+    for tool in ("git", "patch", "tar", "xz"):
+        facts[f"which_{tool}"] = shutil.which(tool)
+    try:
+        st = os.statvfs(shm_root if shm_root.exists() else "/dev/shm")
+        facts["shm_free_gib"] = round(st.f_bavail * st.f_frsize / common.GiB, 1)
+        facts["shm_total_gib"] = round(st.f_blocks * st.f_frsize / common.GiB, 1)
+    except OSError as e:
+        facts["shm_free_gib"] = f"unavailable: {e}"
+    facts["python"] = sys.version.split()[0]
+    facts["python_lzma"] = importlib.util.find_spec("lzma") is not None
+    facts["pytest_timeout"] = importlib.util.find_spec("pytest_timeout") is not None
+    run.log("machine: " + json.dumps(facts))
+    return facts
+
+
+def choose_shm(run: Run, wanted_gib: float) -> Path:
+    """A tmpfs folder for the checkpoints: /dev/shm when it has room, else a
+    tmpfs mounted under the work folder (recorded)."""
+    st = os.statvfs("/dev/shm")
+    free = st.f_bavail * st.f_frsize / common.GiB
+    if free >= wanted_gib:
+        root = Path("/dev/shm/qual")
+    else:
+        root = run.work / "shm"
+        root.mkdir(parents=True, exist_ok=True)
+        rc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={int(wanted_gib) + 2}g", "tmpfs", str(root)],
+            capture_output=True,
+            text=True,
+        )
+        run.problem(
+            f"/dev/shm has {free:.1f} GiB free (< {wanted_gib}); mounted a tmpfs"
+            f" at {root}: rc={rc.returncode} {rc.stderr.strip()}"
+        )
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def run_pytest(
+    run: Run, name: str, tree: Path, site: Path, files: list[str], timeout: float, facts: dict
+) -> dict:
+    junit = run.work / f"junit-{name.replace(' ', '-')}.xml"
+    junit.unlink(missing_ok=True)
+    cmd = [
+        PY,
+        "-m",
+        "pytest",
+        "--noconftest",
+        "-rs",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "junit_family=xunit1",
+        f"--junitxml={junit}",
+    ]
+    if facts.get("pytest_timeout"):
+        cmd.append("--timeout=150")
+    cmd += files
+    info = run.step(name, cmd, timeout, run.out / "pytest.log", env=tree_env(tree, site), cwd=tree)
+    parsed = report.parse_junit(junit)
+    parsed.update(rc=info["rc"], timed_out=info["timed_out"], seconds=info["seconds"])
+    t = parsed.get("totals", {})
+    run.log(
+        f"  {name}: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, "
+        f"{t.get('error', 0)} errors, {t.get('skipped', 0)} skipped"
+    )
+    return parsed
+
+
+def interleaved(configs: list, rounds: int):
+    """(round, config) in rotated order: each round starts one config later."""
+    n = len(configs)
+    for r in range(rounds):
+        for i in range(n):
+            yield r, configs[(r + i) % n]
+
+
+SLOW_REPEATS = 3  # vLLM's safetensors path takes ~2 s a load: fewer rounds
+
+
+def bench_throughput(run: Run, W: dict, ck: dict, repeats: int) -> dict:
+    """Interleaved rounds: base, series COPY=1/0, an A/A repeat of the base (its
+    ratio to the base is the noise floor of the comparison), vLLM's plain
+    safetensors path (first rounds only) and the pinned 1 GiB H2D ceiling."""
+    folder = ck["synthetic"]["dir"]
+    it = "instanttensor"
+    configs = [
+        ("base InstantTensor", "base", {"format": it, "env": {}}),
+        ("series COPY=1", "series", {"format": it, "env": {"INSTANTTENSOR_COPY": "1"}}),
+        ("series COPY=0", "series", {"format": it, "env": {"INSTANTTENSOR_COPY": "0"}}),
+        ("base InstantTensor (A/A repeat)", "base", {"format": it, "env": {}}),
+        ("vLLM safetensors + copy to GPU", "base", {"format": "safetensors", "env": {}}),
+    ]
+    out: dict = {
+        "dir": folder,
+        "checkpoint_gib": ck["synthetic"]["payload_bytes"] / common.GiB,
+        "n_tensors": ck["synthetic"]["n_tensors"],
+        "repeats": repeats,
+        "configs": {},
+        "order": [],
+    }
+    runs: dict[str, list] = {label: [] for label, _, _ in configs}
+    verify: dict[str, dict] = {}
+    keys = ("n_mismatches", "mismatches", "names_ok", "duplicates", "missing", "error", "seconds")
+    for label, wname, kw in configs:  # warm-up + bitwise check, untimed
+        if label.endswith("(A/A repeat)"):
+            continue
+        r = W[wname].call("load", dir=folder, verify=True, **kw)
+        verify[label] = {k: r.get(k) for k in keys}
+        if r.get("n_mismatches") or not r.get("names_ok", False):
+            run.problem(
+                f"throughput {label}: loaded tensors differ from the checkpoint: "
+                f"{json.dumps(verify[label])[:400]}"
+            )
+    pinned, pageable = [], []
+    schedule = [*configs, ("pinned", "base", None)]
+    for rnd, (label, wname, kw) in interleaved(schedule, repeats):
+        if run.left() < 60:
+            run.problem(f"throughput: stopped in round {rnd} (time budget)")
+            break
+        if kw is not None and kw["format"] == "safetensors" and rnd >= SLOW_REPEATS:
+            continue
+        out["order"].append(label)
+        if kw is None:
+            r = W[wname].call("pinned", size=common.GiB, reps=3)
+            if "error" not in r:
+                pinned.append(common.median(r["seconds"]["pinned"]))
+                pageable.append(common.median(r["seconds"]["pageable"]))
+            continue
+        runs[label].append(W[wname].call("load", dir=folder, **kw))
+    out["pinned_gib_s"] = common.gib_per_s(common.GiB, common.median(pinned))
+    out["pinned_gb_s"] = common.GiB / 1e9 / common.median(pinned) if pinned else None
+    out["pageable_gib_s"] = common.gib_per_s(common.GiB, common.median(pageable))
+    out["pageable_gb_s"] = common.GiB / 1e9 / common.median(pageable) if pageable else None
+    out["pinned_samples_s"], out["pageable_samples_s"] = pinned, pageable
+    base_rate = None
+    for label, wname, _ in configs:
+        s = report.summarise_loads(runs[label])
+        s["tree"] = W[wname].tree_label
+        s["verify"] = verify.get(label, verify.get("base InstantTensor"))
+        if label == "base InstantTensor":
+            base_rate = s["gib_s"]
+        s["ratio_vs_base"] = common.ratio(s["gib_s"], base_rate)
+        s["ratio_vs_pinned"] = common.ratio(s["gib_s"], out["pinned_gib_s"])
+        out["configs"][label] = s
+    for s in out["configs"].values():
+        s["ratio_vs_base"] = common.ratio(s["gib_s"], base_rate)
+    return out
+
+
+def bench_staging(run: Run, W: dict, ck: dict, repeats: int) -> dict:
+    folder = ck["staging"]["dir"]
+    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(64 * common.MiB)}
+    configs = [
+        ("base bound=64MiB", "base", bound),
+        ("series bound=64MiB", "series", bound),
+        ("series unbound", "series", {}),
+        ("base unbound", "base", {}),
+    ]
+    out: dict = {
+        "dir": folder,
+        "bound_bytes": 64 * common.MiB,
+        "checkpoint_gib": ck["staging"]["payload_bytes"] / common.GiB,
+        "big_tensor": ck["staging"].get("big_tensor"),
+        "configs": {},
+    }
+    runs: dict[str, list] = {label: [] for label, _, _ in configs}
+    verify = {}
+    for label, wname, env in configs:
+        r = W[wname].call("load", dir=folder, env=env, verify=True)
+        verify[label] = {
+            k: r.get(k)
+            for k in ("n_mismatches", "mismatches", "names_ok", "warnings", "error", "readers")
+        }
+        if r.get("n_mismatches") or not r.get("names_ok", False):
+            run.problem(
+                f"staging {label}: loaded tensors differ from the checkpoint: "
+                f"{json.dumps(verify[label])[:400]}"
+            )
+        runs[label].append(r)  # the verified run counts for memory, not time
+    timed: dict[str, list] = {label: [] for label, _, _ in configs}
+    for rnd, (label, wname, env) in interleaved(configs, repeats):
+        if run.left() < 45:
+            run.problem(f"staging: stopped after round {rnd} (time budget)")
+            break
+        timed[label].append(W[wname].call("load", dir=folder, env=env))
+    for label, wname, _ in configs:
+        s = report.summarise_loads(timed[label] or runs[label])
+        mem = report.summarise_loads(runs[label] + timed[label])
+        s["peak_used_delta"] = max(
+            [r.get("peak_used_delta", 0) for r in runs[label] + timed[label] if "error" not in r],
+            default=None,
+        )
+        s["torch_peak_delta"] = mem["torch_peak_delta"]
+        s["ring_bytes"] = mem["ring_bytes"]
+        s["tree"] = W[wname].tree_label
+        s["verify"] = verify[label]
+        out["configs"][label] = s
+    unbound = {
+        "series": out["configs"]["series unbound"]["median_s"],
+        "base": out["configs"]["base unbound"]["median_s"],
+    }
+    for label, s in out["configs"].items():
+        s["ratio_vs_unbound"] = common.ratio(s["median_s"], unbound[label.split()[0]])
+    return out
+
+
+def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict]) -> dict:
+    folder = ck["layered"]["dir"]
+    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(64 * common.MiB)}
+    configs = [
+        ("base (always copies)", "base", dict(bound)),
+        ("series COPY=1", "series", {**bound, "INSTANTTENSOR_COPY": "1"}),
+        ("series COPY=0", "series", {**bound, "INSTANTTENSOR_COPY": "0"}),
+    ]
+    for ctl in controls:
+        configs.append(
+            (
+                f"{ctl['tree']} COPY=0 (no ownership)",
+                ctl["tree"],
+                {**bound, "INSTANTTENSOR_COPY": "0"},
+            )
+        )
+    out: dict = {"dir": folder, "configs": {}}
+    for label, wname, env in configs:
+        if wname not in W:
+            continue
+        results = [W[wname].call("layerwise", dir=folder, env=env) for _ in range(2)]
+        ok = [r for r in results if "error" not in r]
+        if not ok:
+            out["configs"][label] = {"error": results[0].get("error", "")[-600:]}
+            continue
+        s = dict(ok[-1])
+        s["extra_peak_alloc"] = max(r["extra_peak_alloc"] for r in ok)
+        s["extra_peak_used"] = max(r["extra_peak_used"] for r in ok)
+        s["n_mismatched_modules"] = max(r["n_mismatched_modules"] for r in ok)
+        s["seconds"] = [r["seconds"] for r in ok]
+        s["ring_bytes"] = max((rd["buffer_size"] for r in ok for rd in r["readers"]), default=None)
+        s["copy_args"] = sorted({str(rd["copy"]) for r in ok for rd in r["readers"]})
+        s["tree"] = W[wname].tree_label
+        out["configs"][label] = s
+    return out
+
+
+def bench_real(run: Run, W: dict, ck: dict) -> dict:
+    folder = ck["real"]["dir"]
+    b32 = str(32 * common.MiB)
+    configs = [
+        ("base", "base", {}, False),
+        ("series COPY=1 (kept)", "series", {"INSTANTTENSOR_COPY": "1"}, False),
+        ("series COPY=0 (inline)", "series", {"INSTANTTENSOR_COPY": "0"}, True),
+        ("series bound=32MiB (kept)", "series", {"INSTANTTENSOR_BUFFER_SIZE": b32}, False),
+        (
+            "series bound=32MiB COPY=0 (inline)",
+            "series",
+            {"INSTANTTENSOR_BUFFER_SIZE": b32, "INSTANTTENSOR_COPY": "0"},
+            True,
+        ),
+    ]
+    out: dict = {"checkpoint": {k: v for k, v in ck["real"].items() if k != "order"}, "configs": {}}
+    for label, wname, env, inline in configs:
+        r = W[wname].call("real", dir=folder, env=env, inline=inline, timeout=120)
+        r["tree"] = W[wname].tree_label
+        r["env"] = env
+        out["configs"][label] = r
+        if "error" in r or r.get("n_mismatches") or not r.get("names_equal"):
+            keys = ("error", "n_mismatches", "mismatches", "missing", "unexpected", "duplicates")
+            run.problem(f"real-writer {label}: {json.dumps({k: r.get(k) for k in keys})[:600]}")
+    return out
+
+
+def bench_tuning(run: Run, W: dict, ck: dict, pinned_gib_s: float | None) -> dict:
+    """InstantTensor's own knobs (environment variables it reads itself) on the
+    series with COPY=0: chunk size, worker threads, I/O depth, and the other
+    backends it accepts for in-memory files.  The smoke run on the H200 found
+    the defaults (MMAP, 2 MiB chunks, 12 threads) best among larger chunks
+    and more or fewer threads, so this grid looks around them."""
+    folder = ck["synthetic"]["dir"]
+    mib = common.MiB
+    variants = [
+        ("defaults", {}),
+        ("chunk=512KiB", {"INSTANTTENSOR_CHUNK_SIZE": mib // 2}),
+        ("chunk=1MiB", {"INSTANTTENSOR_CHUNK_SIZE": mib}),
+        ("chunk=4MiB", {"INSTANTTENSOR_CHUNK_SIZE": 4 * mib}),
+        ("concurrency=10", {"INSTANTTENSOR_CONCURRENCY": 10}),
+        ("concurrency=14", {"INSTANTTENSOR_CONCURRENCY": 14}),
+        (
+            "concurrency=14, chunk=1MiB",
+            {"INSTANTTENSOR_CONCURRENCY": 14, "INSTANTTENSOR_CHUNK_SIZE": mib},
+        ),
+        ("io_depth=24", {"INSTANTTENSOR_IO_DEPTH": 24}),
+        ("io_depth=64", {"INSTANTTENSOR_IO_DEPTH": 64}),
+        ("backend=URING_BUFFERED", {"INSTANTTENSOR_BACKEND": "URING_BUFFERED"}),
+        ("backend=AIO_BUFFERED", {"INSTANTTENSOR_BACKEND": "AIO_BUFFERED"}),
+    ]
+    grid = [
+        (label, {"INSTANTTENSOR_COPY": "0", **{k: str(v) for k, v in env.items()}})
+        for label, env in variants
+    ]
+    runs: dict[str, list] = {label: [] for label, _ in grid}
+    for rnd, (label, env) in interleaved(grid, 3):
+        if run.left() < 40:
+            run.problem(f"tuning: stopped in round {rnd} (time budget)")
+            break
+        runs[label].append(W["series"].call("load", dir=folder, env=env, timeout=60))
+    out: dict = {"grid": []}
+    for label, env in grid:
+        s = report.summarise_loads(runs[label])
+        readers = [rd for r in runs[label] if "error" not in r for rd in r.get("readers", [])]
+        out["grid"].append(
+            {
+                "label": label,
+                "env": env,
+                "gib_s": s["gib_s"],
+                "runs": s["runs"],
+                "errors": s["errors"],
+                "ratio_vs_pinned": common.ratio(s["gib_s"], pinned_gib_s),
+                "resolved": readers[0] if readers else None,
+            }
+        )
+    rated = [g for g in out["grid"] if g["gib_s"]]
+    if rated:
+        out["best"] = max(rated, key=lambda g: g["gib_s"])
+    return out
+
+
+# --- main ----------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bundle", default=".device")
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/qual-out"))
+    parser.add_argument("--work", default="/tmp/qual")
+    parser.add_argument("--budget", type=float, default=450)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: tooling tests only"
+    )
+    parser.add_argument("--small", action="store_true", help="tiny checkpoints (tests)")
+    parser.add_argument("--skip", default="", help="comma-separated phases to skip")
+    parser.add_argument(
+        "--extra-path",
+        action="append",
+        default=[],
+        help="prepended to PYTHONPATH (tooling tests only)",
+    )
+    args = parser.parse_args()
+    EXTRA_PATH[:] = args.extra_path
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    skip = set(filter(None, args.skip.split(",")))
+    run = Run(out, work, args.budget)
+    res = run.res
+    bundle_dir = Path(args.bundle).resolve()
+    bundle = json.loads((bundle_dir / "bundle.json").read_text())
+    series_mode = "series" in bundle["trees"]
+    res["mode"] = "series" if series_mode else "base-only smoke"
+    res["bundle"] = {
+        k: bundle.get(k)
+        for k in (
+            "series",
+            "base",
+            "patches",
+            "mode",
+            "series_tests",
+            "tests_not_run",
+            "negative_controls",
+            "negative_controls_missing",
+        )
+    }
+    res["bundle"]["wheels"] = [w["file"] for w in bundle["wheels"]]
+    run.log(f"qualification run, mode {res['mode']}, budget {args.budget:.0f} s")
+    workers: dict[str, Worker] = {}
+    gen = None
+    try:
+        shm = choose_shm(run, 14 if not args.small else 0.1)
+        facts = machine_facts(run, shm)
+        res["machine"] = facts
+
+        # Wheels and trees.
+        site = work / "site"
+        wheels = sorted(str(p) for p in (bundle_dir / "wheels").glob("*.whl"))
+        site.mkdir()
+        if wheels:
+            info = run.step(
+                "install wheels",
+                [
+                    PY,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-compile",
+                    "--no-cache-dir",
+                    "--upgrade",
+                    "--target",
+                    str(site),
+                    *wheels,
+                ],
+                180,
+                out / "run.log",
+            )
+            if info["rc"] != 0:
+                run.problem("wheel install failed (see run.log)")
+        else:
+            run.log("the bundle has no wheels: nothing to install")
+        trees: dict[str, Path] = {}
+        t0 = time.monotonic()
+        for name in bundle["trees"]:
+            trees[name] = common.unpack_tree(bundle_dir, bundle, name, work / "trees" / name)
+        res["phases"]["unpack trees"] = {
+            "seconds": round(time.monotonic() - t0, 1),
+            "trees": sorted(trees),
+        }
+        run.log(f"unpacked trees {sorted(trees)} in {time.monotonic() - t0:.1f}s")
+        series_tree = trees.get("series", trees["base"])
+
+        # Background: checkpoints (CPU) and workers (vLLM import).
+        gen_cmd = [PY, str(HERE / "make_checkpoints.py"), str(shm)]
+        if args.small:
+            gen_cmd.append("--small")
+        gen_log = (work / "checkpoints.log").open("w")
+        gen_t0 = time.monotonic()
+        gen = subprocess.Popen(
+            gen_cmd, stdout=gen_log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        controls = bundle.get("negative_controls", []) if series_mode else []
+        for name, tree in trees.items():
+            if "bench" in skip:
+                break
+            workers[name] = Worker(run, name, tree, site, args.device)
+        W = dict(workers)
+        if not series_mode and "base" in W:
+            W["series"] = W["base"]  # smoke: the series rows run on the base tree
+            W["base"].tree_label = "base"
+            res["stand_in"] = "series configurations ran on the base tree (no patches yet)"
+
+        # Tests on the GPU.
+        tests: dict = {}
+        if "tests" not in skip:
+            if series_mode:
+                files = bundle["series_tests"]
+                tests["series"] = run_pytest(
+                    run, "series tests", series_tree, site, files, 240, facts
+                )
+                for p in report.series_test_problems(tests["series"], files):
+                    run.problem(p)
+                controls_out = []
+                for ctl in controls:
+                    parsed = run_pytest(
+                        run,
+                        f"negative control {ctl['tree']}",
+                        trees[ctl["tree"]],
+                        site,
+                        [ctl["test"]],
+                        120,
+                        facts,
+                    )
+                    parsed.update(ctl)
+                    parsed["verdict"] = report.negative_control_verdict(parsed)
+                    if parsed["verdict"] != "fails as expected":
+                        run.problem(
+                            f"negative control {ctl['test']} on {ctl['tree']}: {parsed['verdict']}"
+                        )
+                    controls_out.append(parsed)
+                tests["negative_controls"] = controls_out
+            else:
+                smoke = str(HERE / "smoke_test_cuda.py")
+                tests["smoke (base tree)"] = run_pytest(
+                    run, "smoke tests", trees["base"], site, [smoke], 180, facts
+                )
+                for p in report.series_test_problems(tests["smoke (base tree)"], []):
+                    run.problem(p.replace("series tests", "smoke tests"))
+        res["tests"] = tests
+
+        # Checkpoints must be complete before benchmarks.
+        try:
+            rc = gen.wait(timeout=run.limit(200, reserve=120))
+        except subprocess.TimeoutExpired:
+            kill_group(gen)
+            rc = "timeout"
+        res["phases"]["checkpoints"] = {"rc": rc, "seconds": round(time.monotonic() - gen_t0, 1)}
+        run.log(f"checkpoints: rc={rc}, {time.monotonic() - gen_t0:.1f}s since start")
+        ck: dict = {}
+        for kind in ("synthetic", "staging", "layered", "real"):
+            path = shm / kind / "checkpoint.json"
+            if path.exists():
+                ck[kind] = json.loads(path.read_text())
+        res["checkpoints"] = {
+            k: {kk: vv for kk, vv in v.items() if kk not in ("modules", "order")}
+            for k, v in ck.items()
+        }
+        if rc != 0:
+            run.problem(f"checkpoint writer rc={rc} (see bench.log)")
+
+        # Benchmarks.
+        if workers:
+            for w in workers.values():
+                ready = w.wait_ready(run.limit(120, reserve=60))
+                res["phases"][f"worker {w.name} import"] = {
+                    "seconds": round(ready.get("import_seconds", 0), 1),
+                    "ok": bool(ready.get("ready")),
+                }
+            if not W["base"].dead:
+                info = W["base"].call("info")
+                res["machine"].update({k: v for k, v in info.items() if k != "op_seconds"})
+                res["machine"]["gpu"] = info.get("gpu") or facts.get("gpu_smi")
+                res["machine"]["cuda"] = info.get("cuda")
+                for name, w in workers.items():
+                    if name != "base" and not w.dead:
+                        res["machine"][f"vllm_file_{name}"] = w.call("info").get("vllm_file")
+            phases = [
+                ("real_writer", "real", lambda: bench_real(run, W, ck)),
+                ("throughput", "synthetic", lambda: bench_throughput(run, W, ck, args.repeats)),
+                ("staging", "staging", lambda: bench_staging(run, W, ck, 3)),
+                ("deferred", "layered", lambda: bench_deferred(run, W, ck, controls)),
+                (
+                    "tuning",
+                    "synthetic",
+                    lambda: bench_tuning(run, W, ck, res.get("throughput", {}).get("pinned_gib_s")),
+                ),
+            ]
+            for key, needs, fn in phases:
+                if key in skip:
+                    continue
+                if needs not in ck:
+                    run.problem(f"{key}: no {needs} checkpoint")
+                    continue
+                if run.left() < 40:
+                    run.problem(f"{key}: skipped, time budget spent")
+                    continue
+                t0 = time.monotonic()
+                run.log(f"benchmark {key} ...")
+                try:
+                    res[key] = fn()
+                except Exception as e:  # keep going: evidence first
+                    import traceback
+
+                    run.problem(f"{key}: {type(e).__name__}: {e}")
+                    run.log(traceback.format_exc(), echo=False)
+                res["phases"][f"bench {key}"] = {"seconds": round(time.monotonic() - t0, 1)}
+                run.log(f"benchmark {key}: {time.monotonic() - t0:.1f}s")
+        check_semantics(run, res, series_mode)
+    except Exception as e:
+        import traceback
+
+        run.problem(f"run aborted: {type(e).__name__}: {e}")
+        run.log(traceback.format_exc(), echo=False)
+    finally:
+        for w in workers.values():
+            w.stop()
+        if gen is not None and gen.poll() is None:
+            kill_group(gen)
+        finish(run, res, series_mode, args)
+    return 0 if res.get("status") in ("pass", "smoke-ok") else 1
+
+
+def check_semantics(run: Run, res: dict, series_mode: bool) -> None:
+    """The configurations did what their labels say (only meaningful on the series)."""
+    if not series_mode:
+        return
+    tp = res.get("throughput", {}).get("configs", {})
+    if tp.get("series COPY=0", {}).get("copy_args") not in (None, [], ["False"]):
+        run.problem(
+            f"series COPY=0 called InstantTensor with copy={tp['series COPY=0']['copy_args']}"
+        )
+    if tp.get("base InstantTensor", {}).get("copy_args") not in (None, [], ["True"]):
+        run.problem("base called InstantTensor with copy != True")
+    for label, c in res.get("real_writer", {}).get("configs", {}).items():
+        if "bound" in label and not c.get("on_cpu"):
+            run.problem(f"real-writer {label}: no tensor fell back to CPU")
+        if "COPY=0" in label and c.get("borrowed_marked", 0) + c.get("on_cpu", 0) != c.get(
+            "n_tensors"
+        ):
+            run.problem(
+                f"real-writer {label}: {c.get('borrowed_marked')} of "
+                f"{c.get('n_tensors')} tensors marked borrowed"
+            )
+
+
+def finish(run: Run, res: dict, series_mode: bool, args) -> None:
+    out = run.out
+    res["wall_seconds"] = round(run.elapsed(), 1)
+    res["targets"] = report.evaluate_targets(res)
+    if series_mode:
+        missed = [
+            t["name"] for t in res["targets"] if not t["met"] and "ambitious" not in t["name"]
+        ]
+        res["targets_missed"] = missed
+        res["status"] = "pass" if not res["problems"] else "fail"
+    else:
+        res["status"] = "smoke-ok" if not res["problems"] else "smoke-problems"
+    # Logs: the checkpoint writer and each worker, in one file.
+    with (out / "bench.log").open("w") as f:
+        for path in sorted(run.work.glob("*.log")):
+            f.write(f"\n===== {path.name}\n")
+            f.write(path.read_text(errors="replace")[-3_000_000:])
+    err = report.plot(res, out / "qualification.png")
+    if err:
+        res["problems"].append(err)
+    common.write_json(out / "qualification.json", res)
+    (out / "summary.md").write_text(report.render_summary(res))
+    run.log(
+        f"status {res['status']}; {len(res['problems'])} problems; wall {res['wall_seconds']} s"
+    )
+    print_table(res)
+    if not args.small:
+        shutil.rmtree("/dev/shm/qual", ignore_errors=True)
+
+
+def print_table(res: dict) -> None:
+    """The short table the device tool's reply carries (its output tail)."""
+    print("\n==== summary ====")
+    for name, run in res.get("tests", {}).items():
+        if name == "negative_controls":
+            for ctl in run:
+                print(f"control {ctl['tree']}: {ctl.get('totals')} -> {ctl.get('verdict')}")
+            continue
+        print(f"tests {name}: {run.get('totals')}")
+    tp = res.get("throughput", {})
+    for label, c in tp.get("configs", {}).items():
+        print(
+            f"tp {label:<32} {report.fmt(c.get('gib_s'))} GiB/s  x base "
+            f"{report.fmt(c.get('ratio_vs_base'))}  x pinned {report.fmt(c.get('ratio_vs_pinned'))}"
+        )
+    if tp:
+        print(
+            f"tp pinned H2D {report.fmt(tp.get('pinned_gib_s'))} GiB/s, pageable "
+            f"{report.fmt(tp.get('pageable_gib_s'))} GiB/s"
+        )
+    for label, c in res.get("staging", {}).get("configs", {}).items():
+        print(
+            f"staging {label:<22} {report.fmt(c.get('gib_s'))} GiB/s ring "
+            f"{report.mib(c.get('ring_bytes'))} MiB peak {report.mib(c.get('peak_used_delta'))}"
+            f" MiB cpu {report.mib(c.get('cpu_bytes'))} MiB @ {report.fmt(c.get('cpu_gb_s'))} GB/s"
+        )
+    for label, c in res.get("deferred", {}).get("configs", {}).items():
+        print(
+            f"deferred {label:<34} extra {report.mib(c.get('extra_peak_alloc'))} MiB "
+            f"(+ring {report.mib(c.get('extra_peak_used'))}) mismatched "
+            f"{c.get('n_mismatched_modules')}"
+        )
+    for label, c in res.get("real_writer", {}).get("configs", {}).items():
+        print(
+            f"real {label:<36} n={c.get('n_tensors')} names_equal={c.get('names_equal')} "
+            f"mismatches={c.get('n_mismatches')} cpu={c.get('on_cpu')} "
+            f"borrowed={c.get('borrowed_marked')}"
+        )
+    best = res.get("tuning", {}).get("best")
+    if best:
+        print(
+            f"tuning best: {best['label']} {report.fmt(best['gib_s'])} GiB/s "
+            f"x pinned {report.fmt(best.get('ratio_vs_pinned'))}"
+        )
+    for t in res.get("targets", []):
+        print(
+            f"target {t['name']}: {report.fmt(t['value'])} ({t['target']}) "
+            f"{'MET' if t['met'] else 'missed'}"
+        )
+    for p in res.get("problems", []):
+        print(f"PROBLEM {p[:400]}")
+    print(f"phases: {json.dumps(res.get('phases'))[:1500]}")
+    print(f"STATUS {res.get('status')} wall {res.get('wall_seconds')} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,562 @@
+"""``device-bundle``: what the GPU machine needs to qualify the series, in ``.device/``.
+
+The GPU machine has no network and no vLLM: it gets this folder (carried with
+the device tool's ``carry: [".device"]``) and ``scripts/device/`` (tracked,
+travels with the working tree), and ``bash scripts/device/run_all.sh`` does
+the rest there.  Layout::
+
+    .device/
+      bundle.json            what is in it: base, patch IDs, trees, tests, wheels
+      wheels/*.whl           cp312 manylinux x86_64 wheels the GPU image lacks
+      trees/base.tar.xz      the unpatched base: vllm/**, pyproject.toml,
+                             tests/**/__init__.py
+      trees/series.tar.xz    overlay: files the whole series adds or changes
+      trees/before-NNNN.tar.xz
+                             overlay: the series prefix before patch NNNN, plus
+                             NNNN's test file (a negative control: that test is
+                             expected to fail there)
+
+Overlays are unpacked over a fresh copy of the base tree on the device, and
+the files a patch deletes are listed in ``bundle.json``; so the device needs
+neither git nor patch.  Every tree is built here from the materialised base
+(``base.materialise`` + ``base.clone``) with the series applied by
+``patchset.am``, exactly as ``apply`` and ``test-series`` do.
+
+Wheels are fetched with ``pip download --no-deps --only-binary=:all:`` for
+CPython 3.12 on manylinux x86_64, one pinned version each, and cached in
+``work/device-cache`` so a second run needs no network; archives of trees are
+cached there too, keyed by the base commit and the patch IDs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from . import base as base_mod
+from . import git as g
+from . import manifest as manifest_mod
+from . import patchset
+from .errors import SeriesError
+
+BUNDLE_DIR = manifest_mod.ROOT / ".device"
+CACHE_DIR = base_mod.WORK_DIR / "device-cache"
+
+# What the device tool carries in one call: working tree plus carried paths.
+CARRY_LIMIT = 64 * 1024 * 1024
+
+# What vLLM 0.33.0's model_executor.model_loader.{weight_utils,default_loader,
+# reload.layerwise} need on the GPU image (Python 3.12, torch 2.11) and the
+# image lacks (see shared/device-notes.md), plus InstantTensor itself.  The
+# versions are those pip resolves for vLLM 0.33.0's requirements/common.txt
+# (fastapi < 0.137, starlette >= 1.0.1, openai >= 2.25, pydantic >= 2.12,
+# llguidance 1.7.x, xgrammar == 0.2.8, typing_extensions >= 4.16 for this
+# pydantic); none pins torch above 2.11.  One version each: pip refuses two.
+WHEELS: tuple[tuple[str, str], ...] = (
+    ("annotated-types", "0.8.0"),
+    ("apache-tvm-ffi", "0.1.15.post2"),
+    ("cachetools", "8.0.2"),
+    ("cbor2", "6.3.0"),
+    ("fastapi", "0.136.3"),
+    ("httpcore2", "2.16.2"),
+    ("httpx2", "2.16.2"),
+    ("instanttensor", "0.2.2"),
+    ("llguidance", "1.7.6"),
+    ("msgspec", "0.22.0"),
+    ("openai", "3.57.0"),
+    ("oss-harmony", "0.0.11"),
+    ("partial-json-parser", "0.2.1.1.post7"),
+    ("pybase64", "1.5.1"),
+    ("pydantic", "2.14.4"),
+    ("pydantic-core", "2.50.5"),
+    ("pyzmq", "27.3.0"),
+    ("sniffio", "1.3.1"),
+    ("starlette", "1.10.0"),
+    ("truststore", "0.10.5"),
+    ("typing-extensions", "4.16.0"),
+    ("typing-inspection", "0.4.5"),
+    ("xgrammar", "0.2.8"),
+)
+
+# pip matches manylinux tags exactly: list every glibc level the image
+# (Ubuntu 24.04, glibc 2.39) can run.
+PLATFORMS = (
+    "manylinux1_x86_64",
+    "manylinux2014_x86_64",
+    *(f"manylinux_2_{n}_x86_64" for n in (5, 17, 24, 26, 27, 28, 31, 34, 35, 39)),
+)
+
+# Test files whose CUDA tests must fail on the series prefix before the patch
+# that adds them: evidence that the test detects the defect the patch fixes.
+NEGATIVE_CONTROLS: tuple[str, ...] = (
+    "tests/model_executor/model_loader/test_reload_deferred_ownership.py",
+)
+
+# Fixed metadata for archive members: the archives depend on content only.
+ARCHIVE_MTIME = 946684800  # 2000-01-01T00:00:00Z
+XZ_PRESET = 6
+
+
+# --- trees -----------------------------------------------------------------
+
+
+def in_tree(path: str) -> bool:
+    """Whether a base file goes into the device's vLLM tree.
+
+    All of ``vllm/`` (the .py files and the few data files next to them, so
+    nothing read at import time is missing), vLLM's ``pyproject.toml`` (pytest
+    reads its markers there) and the ``__init__.py`` files of ``tests/`` (the
+    test packages).  Test files come with the overlays that add them.
+    """
+    return (
+        path.startswith("vllm/")
+        or path == "pyproject.toml"
+        or (path.startswith("tests/") and path.endswith("/__init__.py"))
+    )
+
+
+def in_overlay(path: str) -> bool:
+    """Whether a file the series adds or changes goes into an overlay."""
+    return in_tree(path) or path.startswith("tests/")
+
+
+def _tracked_files(checkout: Path) -> list[str]:
+    listing = g.out(checkout, "ls-files", "-z")
+    return sorted(p for p in listing.split("\0") if p)
+
+
+def write_archive(root: Path, paths: Iterable[str], dest: Path) -> int:
+    """Write ``paths`` (relative to ``root``) as a deterministic tar.xz.
+
+    Members are sorted, owned by root, dated ARCHIVE_MTIME, mode 644 or 755.
+    Returns the number of members.
+    """
+    paths = sorted(paths)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    with tarfile.open(tmp, "w:xz", preset=XZ_PRESET, format=tarfile.PAX_FORMAT) as tar:
+        for rel in paths:
+            full = root / rel
+            info = tarfile.TarInfo(rel)
+            info.mtime = ARCHIVE_MTIME
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if full.is_symlink():
+                info.type = tarfile.SYMTYPE
+                info.linkname = os.readlink(full)
+                info.mode = 0o777
+                tar.addfile(info)
+                continue
+            data = full.read_bytes()
+            info.size = len(data)
+            info.mode = 0o755 if os.stat(full).st_mode & 0o100 else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tmp.replace(dest)
+    return len(paths)
+
+
+def changed_files(checkout: Path, base_rev: str) -> tuple[list[str], list[str]]:
+    """(added or modified, deleted) paths between ``base_rev`` and HEAD."""
+    status = g.out(checkout, "diff", "--name-status", "--no-renames", "-z", base_rev, "HEAD")
+    fields = [f for f in status.split("\0") if f]
+    changed, deleted = [], []
+    for kind, path in zip(fields[0::2], fields[1::2], strict=True):
+        (deleted if kind == "D" else changed).append(path)
+    return sorted(changed), sorted(deleted)
+
+
+def adding_patch(checkout: Path, base_rev: str, path: str) -> int | None:
+    """Index (0-based) of the series commit that adds ``path``, or None."""
+    commits = g.out(checkout, "rev-list", "--reverse", f"{base_rev}..HEAD").split()
+    added = g.out(
+        checkout, "log", "--diff-filter=A", "--format=%H", f"{base_rev}..HEAD", "--", path
+    ).split()
+    if not added:
+        return None
+    return commits.index(added[-1])
+
+
+def is_test_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith("tests/") and name.startswith("test_") and name.endswith(".py")
+
+
+def _cached(key: str, name: str, build: Callable[[Path], dict], log) -> tuple[Path, dict]:
+    """An archive and its description, built once per ``key``."""
+    folder = CACHE_DIR / "trees" / key
+    archive = folder / f"{name}.tar.xz"
+    meta_path = folder / f"{name}.json"
+    if archive.exists() and meta_path.exists():
+        return archive, json.loads(meta_path.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    log(f"packing {name} ...")
+    meta = build(archive)
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    return archive, meta
+
+
+def build_trees(
+    base_repo: Path,
+    base_branch: str,
+    patches: Sequence[Path],
+    out_dir: Path,
+    negative_controls: Sequence[str] = NEGATIVE_CONTROLS,
+    log=print,
+) -> dict:
+    """Write the base archive and the overlays into ``out_dir/trees``.
+
+    Returns the ``trees`` / ``tests`` / ``negative_controls`` part of
+    bundle.json.
+
+    Raises:
+        SeriesError: a patch does not apply to the base.
+    """
+    base_commit = g.rev(base_repo, base_branch)
+    if base_commit is None:
+        raise SeriesError(f"{base_repo} has no branch {base_branch}")
+    pids = [patchset.patch_id_of_file(p) for p in patches]
+    series_key = hashlib.sha256(
+        json.dumps([base_commit, pids, sorted(negative_controls)]).encode()
+    ).hexdigest()[:16]
+    trees_dir = out_dir / "trees"
+    trees_dir.mkdir(parents=True, exist_ok=True)
+    result: dict = {
+        "trees": {},
+        "series_tests": [],
+        "tests_not_run": [],
+        "negative_controls": [],
+        "negative_controls_missing": [],
+    }
+
+    with tempfile.TemporaryDirectory(prefix="device-", dir=_scratch_root()) as tmp_name:
+        tmp = Path(tmp_name)
+        checkouts: dict[str, Path] = {}
+
+        def checkout(name: str, prefix: Sequence[Path]) -> Path:
+            if name not in checkouts:
+                path = base_mod.clone(base_repo, tmp / name, branch=base_branch)
+                if prefix:
+                    patchset.am(path, prefix)
+                checkouts[name] = path
+            return checkouts[name]
+
+        def pack_base(dest: Path) -> dict:
+            co = checkout("base", [])
+            files = [p for p in _tracked_files(co) if in_tree(p)]
+            return {"files": write_archive(co, files, dest)}
+
+        archive, meta = _cached(base_commit[:16], "base", pack_base, log)
+        shutil.copy2(archive, trees_dir / "base.tar.xz")
+        result["trees"]["base"] = {"archive": "trees/base.tar.xz", **meta}
+        if not patches:
+            return result
+
+        try:
+            series = checkout("series", patches)
+        except SeriesError as e:
+            raise SeriesError(f"the series does not apply to the base: {e}") from None
+        changed, deleted = changed_files(series, base_commit)
+
+        def pack_overlay(co: Path, extra: Sequence[str] = ()) -> Callable[[Path], dict]:
+            def build(dest: Path) -> dict:
+                ch, de = changed_files(co, base_commit)
+                members = [p for p in ch if in_overlay(p)]
+                # Extra files (a control's test file) come from the full series.
+                for rel in extra:
+                    target = co / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(series / rel, target)
+                    if rel not in members:
+                        members.append(rel)
+                return {
+                    "files": write_archive(co, members, dest),
+                    "deleted": [p for p in de if in_overlay(p)],
+                    "changed": sorted(members),
+                }
+
+            return build
+
+        archive, meta = _cached(series_key, "series", pack_overlay(series), log)
+        shutil.copy2(archive, trees_dir / "series.tar.xz")
+        result["trees"]["series"] = {
+            "archive": "trees/series.tar.xz",
+            "overlay_of": "base",
+            "patches": [p.name for p in patches],
+            **meta,
+        }
+        added = {p for p in changed if is_test_file(p)}
+        result["series_tests"] = sorted(
+            p
+            for p in added
+            if g.out(series, "cat-file", "-t", f"{base_commit}:{p}", check=False) != "blob"
+        )
+        result["tests_not_run"] = sorted(added - set(result["series_tests"]))
+
+        for test in negative_controls:
+            index = adding_patch(series, base_commit, test) if test in changed else None
+            if index is None:
+                result["negative_controls_missing"].append(test)
+                log(f"note: no patch of the series adds {test}; negative control skipped")
+                continue
+            without = patches[index]
+            name = f"before-{without.name[:4]}"
+            co = checkout(name, patches[:index])
+            archive, meta = _cached(series_key, name, pack_overlay(co, [test]), log)
+            shutil.copy2(archive, trees_dir / f"{name}.tar.xz")
+            result["trees"][name] = {
+                "archive": f"trees/{name}.tar.xz",
+                "overlay_of": "base",
+                "patches": [p.name for p in patches[:index]],
+                **meta,
+            }
+            result["negative_controls"].append(
+                {"tree": name, "test": test, "without_patch": without.name, "expect": "fail"}
+            )
+    return result
+
+
+def _scratch_root() -> Path:
+    root = CACHE_DIR / "scratch"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+# --- wheels ------------------------------------------------------------------
+
+
+def normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def wheel_name_version(filename: str) -> tuple[str, str]:
+    """(normalised distribution name, version) from a wheel's file name."""
+    parts = filename[: -len(".whl")].split("-")
+    return normalise(parts[0]), parts[1]
+
+
+def pip_download_command(name: str, version: str, dest: Path) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--disable-pip-version-check",
+        "--progress-bar=off",
+        "-d",
+        str(dest),
+    ]
+    for platform in PLATFORMS:
+        cmd += ["--platform", platform]
+    cmd.append(f"{name}=={version}")
+    return cmd
+
+
+def fetch_wheels(
+    wheels: Sequence[tuple[str, str]] = WHEELS, cache: Path | None = None, log=print
+) -> list[Path]:
+    """One cp312 manylinux x86_64 wheel per pinned requirement, cached.
+
+    Raises:
+        SeriesError: pip found no matching wheel (message quotes pip).
+    """
+    cache = cache or CACHE_DIR / "wheels"
+    found = []
+    for name, version in wheels:
+        folder = cache / f"{normalise(name)}-{version}"
+        have = sorted(folder.glob("*.whl")) if folder.exists() else []
+        if len(have) != 1:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            log(f"downloading {name}=={version} ...")
+            proc = subprocess.run(
+                pip_download_command(name, version, folder),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            have = sorted(folder.glob("*.whl"))
+            if proc.returncode != 0 or len(have) != 1:
+                shutil.rmtree(folder, ignore_errors=True)
+                detail = [
+                    line
+                    for line in (proc.stderr or proc.stdout).splitlines()
+                    if line.strip() and "is ignored" not in line
+                ]
+                raise SeriesError(
+                    f"pip found no cp312 manylinux x86_64 wheel of {name}=={version}:\n  "
+                    + "\n  ".join(detail[-6:])
+                )
+        found.append(have[0])
+    return found
+
+
+def check_wheels(paths: Sequence[Path]) -> None:
+    """One version per distribution, each a wheel for CPython 3.12 on x86_64.
+
+    Raises:
+        SeriesError: two versions of one distribution, or a wheel the image
+            cannot install.
+    """
+    seen: dict[str, str] = {}
+    for path in paths:
+        name, version = wheel_name_version(path.name)
+        if name in seen:
+            raise SeriesError(f"two versions of {name}: {seen[name]} and {version}")
+        seen[name] = version
+        tags = path.name[: -len(".whl")].split("-")[-3:]
+        python, abi, platform = tags
+        if not (platform == "any" or "x86_64" in platform):
+            raise SeriesError(f"{path.name} is not for x86_64")
+        if not any(t in ("py3", "cp312") or t.startswith("cp3") for t in python.split(".")):
+            raise SeriesError(f"{path.name} is not for CPython 3.12")
+        with zipfile.ZipFile(path) as zf:
+            if not any(n.endswith(".dist-info/METADATA") for n in zf.namelist()):
+                raise SeriesError(f"{path.name} has no METADATA: not a wheel")
+
+
+def sha256_of(path: Path) -> str:
+    return base_mod.sha256_of(path)
+
+
+# --- the bundle --------------------------------------------------------------
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def working_tree_size(repo: Path) -> int:
+    """Bytes of what travels besides carried paths: tracked and untracked files
+    that git does not ignore."""
+    listing = g.out(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    total = 0
+    for rel in {p for p in listing.split("\0") if p}:
+        path = repo / rel
+        if path.is_file() and not path.is_symlink():
+            total += path.stat().st_size
+    return total
+
+
+def build_bundle(
+    manifest: manifest_mod.Manifest,
+    out_dir: Path = BUNDLE_DIR,
+    patch_dir: Path = manifest_mod.PATCH_DIR,
+    log=print,
+) -> dict:
+    """Write the whole bundle into ``out_dir`` (replacing it); returns bundle.json."""
+    repo, commit, sha = base_mod.materialise(
+        manifest.base.project,
+        manifest.base.version,
+        manifest.base.sdist.sha256,
+        upstream_commit=manifest.base.upstream_commit,
+        expected_commit=manifest.base.commit or None,
+        log=log,
+    )
+    wheels = fetch_wheels(log=log)
+    check_wheels(wheels)
+
+    staging = out_dir.with_name(out_dir.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "wheels").mkdir(parents=True)
+    for whl in wheels:
+        shutil.copy2(whl, staging / "wheels" / whl.name)
+    trees = build_trees(
+        repo, base_mod.BASE_BRANCH, manifest.patch_paths(patch_dir), staging, log=log
+    )
+    bundle = {
+        "schema": 1,
+        "series": {"name": manifest.name, "version": manifest.version},
+        "base": {
+            "project": manifest.base.project,
+            "version": manifest.base.version,
+            "commit": commit,
+            "upstream_commit": manifest.base.upstream_commit,
+            "sdist_sha256": sha,
+        },
+        "patches": [
+            {"file": p.file, "subject": p.subject, "patch_id": p.patch_id} for p in manifest.patches
+        ],
+        "mode": "series" if manifest.patches else "base-only",
+        **trees,
+        "wheels": [
+            {
+                "file": w.name,
+                "name": wheel_name_version(w.name)[0],
+                "version": wheel_name_version(w.name)[1],
+                "sha256": sha256_of(w),
+            }
+            for w in wheels
+        ],
+        "image": {"python": "3.12", "torch": "2.11"},
+    }
+    (staging / "bundle.json").write_text(json.dumps(bundle, indent=1) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return bundle
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    manifest = manifest_mod.load()
+    out_dir = Path(args.out) if args.out else BUNDLE_DIR
+    bundle = build_bundle(manifest, out_dir)
+    size = folder_size(out_dir)
+    tree = working_tree_size(manifest_mod.ROOT) if g.is_repo(manifest_mod.ROOT) else 0
+    parts = {
+        "wheels": folder_size(out_dir / "wheels"),
+        **{name: (out_dir / t["archive"]).stat().st_size for name, t in bundle["trees"].items()},
+    }
+    print(
+        f"\n{out_dir}: {mib(size)} ({bundle['mode']}; base {bundle['base']['commit'][:12]},"
+        f" {len(bundle['patches'])} patches)"
+    )
+    for name, n in parts.items():
+        print(f"  {name:<14} {mib(n)}")
+    print(
+        f"  working tree that travels with it: {mib(tree)}; together {mib(size + tree)}"
+        f" of the device tool's {mib(CARRY_LIMIT)}"
+    )
+    if bundle["series_tests"]:
+        print("  series tests run on the device: " + ", ".join(bundle["series_tests"]))
+    for control in bundle["negative_controls"]:
+        print(
+            f"  negative control: {control['test']} on {control['tree']}"
+            f" (without {control['without_patch']})"
+        )
+    for test in bundle["negative_controls_missing"]:
+        print(f"  negative control missing: no patch adds {test}")
+    if size + tree > CARRY_LIMIT:
+        raise SeriesError(
+            f"bundle {mib(size)} + working tree {mib(tree)} exceed the device tool's"
+            f" {mib(CARRY_LIMIT)} per call"
+        )
+    print('\ndevice command (run tool, carry [".device"]): bash scripts/device/run_all.sh')
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "device-bundle", help="build .device/: wheels and vLLM trees for the GPU machine"
+    )
+    p.add_argument("--out", help="folder to write (default: .device)")
+    p.set_defaults(func=run)

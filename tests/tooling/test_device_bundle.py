@@ -1,0 +1,508 @@
+"""``device-bundle`` and the scripts that run on the GPU machine, tested on CPU.
+
+The trees are checked on a throw-away repository and series: an overlay laid
+over the base must give exactly the patched checkout, the negative-control
+tree exactly the prefix plus the control's test file.  The device scripts are
+compiled, their report code fed made-up results, and (when the materialised
+vLLM base is cached, as after ``make venv``) the whole device procedure runs
+once on CPU against the real base tree with a stand-in ``instanttensor``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import py_compile
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from seriestool import base as base_mod
+from seriestool import device
+from seriestool import git as g
+from seriestool import manifest as manifest_mod
+from seriestool.errors import SeriesError
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE_SCRIPTS = ROOT / "scripts" / "device"
+sys.path.insert(0, str(DEVICE_SCRIPTS))
+import common  # noqa: E402
+import report  # noqa: E402
+
+CONTROL = "tests/model/test_control.py"
+
+
+@pytest.fixture
+def toy(make_repo, tmp_path, monkeypatch):
+    """A vLLM-shaped repo and a 3-patch series: the second patch adds the
+    control test; patches change, add and delete files under vllm/."""
+    monkeypatch.setattr(device, "CACHE_DIR", tmp_path / "cache")
+    repo = make_repo(
+        "upstream",
+        {
+            "vllm/__init__.py": "",
+            "vllm/loader.py": "def load(x):\n    return x\n",
+            "vllm/old.py": "OLD = 1\n",
+            "vllm/data/config.json": "{}\n",
+            "docs/readme.md": "docs\n",
+            "pyproject.toml": "[tool.pytest.ini_options]\n",
+            "tests/__init__.py": "",
+            "tests/model/__init__.py": "",
+            "tests/model/test_upstream.py": "def test_up():\n    pass\n",
+        },
+    )
+    base = repo.head()
+    repo.git("checkout", "-q", "-b", "work")
+    repo.commit(
+        "[Loader] one",
+        {
+            "vllm/loader.py": "def load(x):\n    # one\n    return x\n",
+            "tests/model/test_one.py": "def test_one():\n    pass\n",
+            "docs/readme.md": "docs changed\n",
+        },
+    )
+    repo.commit(
+        "[Reload] two",
+        {
+            "vllm/reload.py": "OWN = True\n",
+            CONTROL: "def test_ctl():\n    pass\n",
+        },
+    )
+    repo.commit(
+        "[Loader] three",
+        {
+            "vllm/old.py": None,
+            "vllm/loader.py": "def load(x):\n    # three\n    return x\n",
+            "tests/model/test_upstream.py": "def test_up():\n    assert True\n",
+        },
+    )
+    patch_dir = tmp_path / "patches"
+    subprocess.run(
+        ["git", "-C", str(repo.path), "format-patch", "-q", "-o", str(patch_dir), f"{base}..work"],
+        check=True,
+    )
+    repo.git("checkout", "-q", "main")
+    return repo, sorted(patch_dir.glob("*.patch"))
+
+
+def tree_files(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
+
+
+def test_overlays_reproduce_the_patched_checkouts(toy, tmp_path):
+    repo, patches = toy
+    out = tmp_path / "bundle"
+    meta = device.build_trees(
+        repo.path, "main", patches, out, negative_controls=[CONTROL], log=lambda *_: None
+    )
+    bundle = {"trees": meta["trees"]}
+    assert set(meta["trees"]) == {"base", "series", "before-0002"}
+    assert meta["series_tests"] == ["tests/model/test_control.py", "tests/model/test_one.py"]
+    assert meta["tests_not_run"] == ["tests/model/test_upstream.py"]
+    assert meta["negative_controls"] == [
+        {"tree": "before-0002", "test": CONTROL, "without_patch": patches[1].name, "expect": "fail"}
+    ]
+    assert meta["trees"]["series"]["deleted"] == ["vllm/old.py"]
+
+    # The series tree is the base with all patches applied: every carried
+    # file has the patched content, deleted files are gone, docs not carried.
+    series = common.unpack_tree(out, bundle, "series", tmp_path / "t-series")
+    full = base_mod.clone(repo.path, tmp_path / "full", branch="main")
+    subprocess.run(["git", "-C", str(full), "am", "-q", *map(str, patches)], check=True)
+    got = tree_files(series)
+    want = {f: (full / f).read_bytes() for f in got}
+    assert got == want
+    assert "vllm/old.py" not in got and "docs/readme.md" not in got
+    assert {
+        "vllm/reload.py",
+        "tests/model/test_one.py",
+        CONTROL,
+        "pyproject.toml",
+        "tests/model/test_upstream.py",
+        "vllm/data/config.json",
+    } <= set(got)
+
+    # The control tree: patch 0001 only, plus the control's test file.
+    before = tree_files(common.unpack_tree(out, bundle, "before-0002", tmp_path / "t-before"))
+    assert before["vllm/loader.py"] == b"def load(x):\n    # one\n    return x\n"
+    assert "vllm/reload.py" not in before and "vllm/old.py" in before
+    assert before[CONTROL] == (full / CONTROL).read_bytes()
+
+    base_tree = tree_files(common.unpack_tree(out, bundle, "base", tmp_path / "t-base"))
+    assert base_tree["vllm/loader.py"] == b"def load(x):\n    return x\n"
+    assert "tests/model/test_upstream.py" not in base_tree  # only __init__.py of tests/
+
+
+def test_missing_control_and_empty_series(toy, tmp_path):
+    repo, patches = toy
+    meta = device.build_trees(
+        repo.path,
+        "main",
+        patches,
+        tmp_path / "b1",
+        negative_controls=["tests/nowhere/test_x.py"],
+        log=lambda *_: None,
+    )
+    assert meta["negative_controls"] == []
+    assert meta["negative_controls_missing"] == ["tests/nowhere/test_x.py"]
+    meta = device.build_trees(repo.path, "main", [], tmp_path / "b2", log=lambda *_: None)
+    assert set(meta["trees"]) == {"base"}
+
+
+def test_archives_are_deterministic_and_cached(toy, tmp_path, monkeypatch):
+    repo, patches = toy
+    digests = []
+    for i in range(2):
+        monkeypatch.setattr(device, "CACHE_DIR", tmp_path / f"cache{i}")
+        out = tmp_path / f"out{i}"
+        device.build_trees(repo.path, "main", patches, out, log=lambda *_: None)
+        digests.append(
+            {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (out / "trees").iterdir()}
+        )
+    assert digests[0] == digests[1]
+    packed = []
+    device.build_trees(repo.path, "main", patches, tmp_path / "out2", log=packed.append)
+    assert not [m for m in packed if m.startswith("packing")]  # all cached
+    with tarfile.open(tmp_path / "out0" / "trees" / "base.tar.xz") as tar:
+        members = tar.getmembers()
+    assert all(m.mtime == device.ARCHIVE_MTIME and m.uid == 0 for m in members)
+    assert [m.name for m in members] == sorted(m.name for m in members)
+
+
+def test_a_patch_that_does_not_apply_is_refused(toy, tmp_path):
+    repo, patches = toy
+    broken = tmp_path / "0001-broken.patch"
+    broken.write_text(patches[0].read_text().replace("return x", "return y"))
+    with pytest.raises(SeriesError, match="does not apply"):
+        device.build_trees(repo.path, "main", [broken], tmp_path / "b", log=lambda *_: None)
+
+
+# --- wheels --------------------------------------------------------------------
+
+
+def test_wheel_pins_one_version_each_with_instanttensor():
+    names = [device.normalise(n) for n, _ in device.WHEELS]
+    assert len(names) == len(set(names))
+    assert ("instanttensor", "0.2.2") in device.WHEELS
+    cmd = device.pip_download_command("pydantic", "2.14.4", Path("/x"))
+    assert {"--no-deps", "--only-binary=:all:"} <= set(cmd)
+    assert cmd[cmd.index("--python-version") + 1] == "3.12"
+    assert "manylinux_2_28_x86_64" in cmd and cmd[-1] == "pydantic==2.14.4"
+
+
+def test_wheel_pins_satisfy_vllm_requirements():
+    packaging = pytest.importorskip("packaging.requirements")
+    manifest = manifest_mod.load()
+    repo = base_mod.base_repo_path(manifest.base.project, manifest.base.version)
+    if not repo.exists():
+        pytest.skip("the vLLM base is not materialised here (make venv does it)")
+    text = g.out(repo, "show", f"{base_mod.BASE_BRANCH}:requirements/common.txt")
+    env = {
+        "platform_machine": "x86_64",
+        "python_version": "3.12",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "implementation_name": "cpython",
+    }
+    pins = {device.normalise(n): v for n, v in device.WHEELS}
+    checked = 0
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = packaging.Requirement(line)
+        name = device.normalise(req.name)
+        if name in pins and (req.marker is None or req.marker.evaluate(env)):
+            assert req.specifier.contains(pins[name], prereleases=True), (name, pins[name])
+            checked += 1
+    assert checked >= 8
+
+
+def _fake_wheel(folder: Path, filename: str) -> Path:
+    path = folder / filename
+    name = filename.split("-")[0]
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}-1.dist-info/METADATA", "Name: x\n")
+    return path
+
+
+def test_check_wheels_refuses_two_versions_and_foreign_wheels(tmp_path):
+    ok = [
+        _fake_wheel(tmp_path, "a_b-1.0-py3-none-any.whl"),
+        _fake_wheel(tmp_path, "c-2.0-cp312-cp312-manylinux_2_28_x86_64.whl"),
+    ]
+    device.check_wheels(ok)
+    with pytest.raises(SeriesError, match="two versions of a-b"):
+        device.check_wheels([*ok, _fake_wheel(tmp_path, "a_b-1.1-py3-none-any.whl")])
+    with pytest.raises(SeriesError, match="not for x86_64"):
+        device.check_wheels([_fake_wheel(tmp_path, "d-1-cp312-cp312-manylinux_2_28_aarch64.whl")])
+
+
+def test_cached_wheels_need_no_network(tmp_path, monkeypatch):
+    cache = tmp_path / "wheels"
+    (cache / "a-b-1.0").mkdir(parents=True)
+    _fake_wheel(cache / "a-b-1.0", "a_b-1.0-py3-none-any.whl")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip was called"))
+    found = device.fetch_wheels([("a_b", "1.0")], cache=cache, log=lambda *_: None)
+    assert [p.name for p in found] == ["a_b-1.0-py3-none-any.whl"]
+
+
+# --- device scripts ----------------------------------------------------------------
+
+
+def test_device_scripts_compile(tmp_path):
+    for path in DEVICE_SCRIPTS.glob("*.py"):
+        py_compile.compile(str(path), cfile=str(tmp_path / (path.name + "c")), doraise=True)
+    subprocess.run(["bash", "-n", str(DEVICE_SCRIPTS / "run_all.sh")], check=True)
+
+
+def test_layered_bound_is_the_largest_incomplete_module():
+    spec = common.layered_spec(small=True)
+    modules = common.layered_modules(spec)
+    sizes = {n: common.nbytes_of(s, d) for shard in spec for n, s, d in shard}
+    # safetensors writes tensors sorted by name: gate before up, k and q before v.
+    order = sorted(sizes, key=lambda n: (int(n.split(".")[1]), n))
+    qkv = modules["layers.0.self_attn.qkv_proj"]
+    assert [p[1] for p in qkv["parts"]] == ["q", "k", "v"]
+    assert qkv["shape"] == [128 + 32 + 32, 128]
+    gate = sizes["layers.0.mlp.gate_proj.weight"]
+    qk = sizes["layers.0.self_attn.q_proj.weight"] + sizes["layers.0.self_attn.k_proj.weight"]
+    assert common.incomplete_bound(modules, order, sizes) == max(gate, qk)
+
+
+JUNIT = """<?xml version="1.0"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.a.test_x" name="test_cpu" file="tests/a/test_x.py"/>
+<testcase classname="tests.a.test_x" name="test_cuda" file="tests/a/test_x.py">
+  <skipped type="pytest.skip" message="needs a GPU">x</skipped></testcase>
+<testcase classname="tests.b.test_y" name="test_z" file="tests/b/test_y.py">
+  <failure message="assert 1 == 2">tb</failure></testcase>
+</testsuite></testsuites>"""
+
+
+def test_junit_counts_and_the_zero_skip_rule(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    parsed = report.parse_junit(path)
+    assert parsed["files"]["tests/a/test_x.py"] == {
+        "passed": 1,
+        "failed": 0,
+        "error": 0,
+        "skipped": 1,
+    }
+    assert parsed["totals"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
+    problems = report.series_test_problems(parsed, ["tests/a/test_x.py", "tests/c/test_w.py"])
+    assert any("failed or errored" in p and "test_z" in p for p in problems)
+    assert any("1 skipped" in p and "needs a GPU" in p for p in problems)
+    assert any("tests/c/test_w.py" in p for p in problems)
+    assert report.negative_control_verdict(parsed) == "fails as expected"
+    assert report.negative_control_verdict({"totals": {"passed": 3}}) == "UNEXPECTED PASS"
+    assert report.negative_control_verdict({"totals": {"error": 1}}).startswith("inconclusive")
+    missing = report.parse_junit(tmp_path / "none.xml")
+    assert "error" in missing and report.series_test_problems(missing, [])
+
+
+def test_targets_and_summary_from_made_up_results():
+    gib, mib = common.GiB, common.MiB
+
+    def load(seconds, ring=None, peak=None, cpu=0):
+        return {
+            "seconds": seconds,
+            "bytes": 8 * gib,
+            "cpu_bytes": cpu,
+            "cpu_seconds": 0.1,
+            "peak_used_delta": peak,
+            "torch_peak_delta": 0,
+            "readers": [{"buffer_size": ring, "copy": True}] if ring else [],
+        }
+
+    tp = {
+        label: report.summarise_loads([load(s), load(s * 1.01)])
+        for label, s in (
+            ("base InstantTensor", 0.25),
+            ("series COPY=1", 0.255),
+            ("series COPY=0", 0.24),
+        )
+    }
+    st = {
+        "base bound=64MiB": report.summarise_loads([load(0.3, ring=gib, peak=2 * gib)]),
+        "series bound=64MiB": report.summarise_loads(
+            [load(0.32, ring=64 * mib, peak=300 * mib, cpu=gib)]
+        ),
+    }
+    res = {
+        "mode": "series",
+        "throughput": {"configs": tp, "pinned_gib_s": 50.0},
+        "staging": {"configs": st},
+        "deferred": {
+            "configs": {
+                "series COPY=0": {
+                    "extra_peak_alloc": 32 * mib,
+                    "incomplete_bound_bytes": 32 * mib,
+                    "n_mismatched_modules": 0,
+                    "model_bytes": gib,
+                }
+            }
+        },
+    }
+    targets = {t["name"]: t for t in report.evaluate_targets(res)}
+    assert targets["throughput series COPY=1 / base"]["met"]
+    assert targets["throughput series COPY=0 / base"]["met"]
+    assert not targets["series best / pinned H2D ceiling (ambitious)"]["met"]
+    assert targets["CPU-fallback bytes move at (GB/s)"]["value"] == pytest.approx(10.737, 1e-3)
+    assert targets["series ring with bound 64 MiB (MiB)"]["met"]
+    assert targets["peak GPU memory saved vs base (MiB)"]["met"]
+    assert targets["deferred ownership extra peak (MiB)"]["met"]
+    res["targets"] = list(targets.values())
+    text = report.render_summary(res)
+    assert "| series COPY=0 |" in text and "## Targets" in text and "qualification.png" in text
+
+
+def _base_checkout(tmp_path: Path) -> Path:
+    manifest = manifest_mod.load()
+    repo = base_mod.base_repo_path(manifest.base.project, manifest.base.version)
+    if not g.rev(repo, base_mod.BASE_BRANCH):
+        pytest.skip("the vLLM base is not materialised here (make venv does it)")
+    return base_mod.clone(repo, tmp_path / "vllm")
+
+
+STANDIN = '''"""CPU stand-in for instanttensor 0.2.2: streams safetensors files in
+instanttensor's order; copy=False yields views into one reused ring."""
+import enum
+import json
+import os
+
+import torch
+from safetensors import safe_open as _st_open
+
+
+class Backend(enum.Enum):
+    MMAP = 5
+
+
+class safe_open:  # noqa: N801
+    def __init__(self, filename, framework, device, process_group=None, *,
+                 buffer_size=None, copy=True, tensor_filter=None, **kwargs):
+        files = sorted([filename] if isinstance(filename, str) else filename)
+        keep = None if tensor_filter is None else set(tensor_filter)
+        self.ordered_tensor_metadatas = []
+        for path in files:
+            with open(path, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            header.pop("__metadata__", None)
+            for name in sorted(header, key=lambda k: header[k]["data_offsets"][0]):
+                if keep is None or name in keep:
+                    self.ordered_tensor_metadatas.append((name, dict(header[name], path=path)))
+        sizes = [m["data_offsets"][1] - m["data_offsets"][0]
+                 for _, m in self.ordered_tensor_metadatas]
+        self.total_tensor_size = sum(sizes)
+        env = int(os.environ.get("INSTANTTENSOR_BUFFER_SIZE", "0"))
+        self.buffer_size = max(buffer_size or env or 2 * max(sizes), max(sizes))
+        self.chunk_size, self.concurrency, self.io_depth = 2 << 20, 12, 36
+        self.backend, self.copy = Backend.MMAP, copy
+        self.ring = torch.empty(self.buffer_size, dtype=torch.uint8)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.ring.fill_(0xEE)
+
+    def tensors(self):
+        offset, handles = 0, {}
+        for name, meta in self.ordered_tensor_metadatas:
+            if meta["path"] not in handles:
+                handles[meta["path"]] = _st_open(meta["path"], framework="pt")
+            t = handles[meta["path"]].get_tensor(name)
+            if self.copy:
+                yield name, t.clone()
+                continue
+            n = t.numel() * t.element_size()
+            offset = 0 if offset + n > self.buffer_size else offset
+            view = self.ring[offset:offset + n]
+            view.copy_(t.reshape(-1).view(torch.uint8))
+            offset += n
+            yield name, view.view(t.dtype).view(t.shape)
+'''
+
+
+def test_device_procedure_end_to_end_on_cpu(tmp_path):
+    """run_all.py against the real base tree, on CPU, with tiny checkpoints
+    and a stand-in instanttensor: every phase runs and the evidence is
+    written; the CUDA smoke tests are skipped (and reported as a problem,
+    as they must be on the GPU machine)."""
+    pytest.importorskip("transformers")
+    checkout = _base_checkout(tmp_path)
+    bundle_dir = tmp_path / ".device"
+    (bundle_dir / "trees").mkdir(parents=True)
+    (bundle_dir / "wheels").mkdir()
+    files = [f for f in g.out(checkout, "ls-files", "-z").split("\0") if f and device.in_tree(f)]
+    with tarfile.open(bundle_dir / "trees" / "base.tar", "w") as tar:
+        for rel in files:
+            tar.add(checkout / rel, arcname=rel)
+    (bundle_dir / "bundle.json").write_text(
+        json.dumps(
+            {
+                "trees": {"base": {"archive": "trees/base.tar"}},
+                "wheels": [],
+                "patches": [],
+                "base": {"version": "test"},
+                "mode": "base-only",
+            }
+        )
+    )
+    standin = tmp_path / "standin" / "instanttensor"
+    standin.mkdir(parents=True)
+    (standin / "__init__.py").write_text("from ._impl import Backend, safe_open\n")
+    (standin / "_impl.py").write_text(STANDIN)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(DEVICE_SCRIPTS / "run_all.py"),
+            "--bundle",
+            str(bundle_dir),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--device",
+            "cpu",
+            "--small",
+            "--repeats",
+            "1",
+            "--skip",
+            "tuning",
+            "--budget",
+            "500",
+            "--extra-path",
+            str(standin.parent),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
+    res = json.loads((out / "qualification.json").read_text())
+    assert proc.returncode == 1, proc.stdout[-3000:]  # CUDA tests skipped on CPU
+    assert res["mode"] == "base-only smoke"
+    smoke = res["tests"]["smoke (base tree)"]
+    assert smoke["totals"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 2}
+    assert [p for p in res["problems"] if "skipped" not in p and "plot" not in p] == []
+    for label, c in res["real_writer"]["configs"].items():
+        assert c["names_equal"] and c["n_mismatches"] == 0, label
+        assert c["n_tensors"] == res["checkpoints"]["real"]["n_tensors"]
+    for label, c in res["throughput"]["configs"].items():
+        assert c["verify"]["n_mismatches"] == 0 and c["verify"]["names_ok"], label
+        assert c["runs"] == 1
+    assert res["staging"]["configs"]["series bound=64MiB"]["verify"]["names_ok"]
+    for label, c in res["deferred"]["configs"].items():
+        assert c["n_mismatched_modules"] == 0 and c["never_processed"] == 0, label
+    for name in ("summary.md", "run.log", "pytest.log", "bench.log"):
+        assert (out / name).exists(), name
+    assert "SMOKE RUN" in (out / "summary.md").read_text()
