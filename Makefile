@@ -12,6 +12,7 @@ TO ?=
 CONTINUE ?=
 ABORT ?=
 KEEP ?=
+NOTEST ?=
 JSON ?=
 # Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
 ARGS ?=
@@ -42,7 +43,8 @@ check: venv
 
 rebase: venv
 	$(SERIES) rebase $(call opt,--to,$(TO)) $(call opt,--vllm,$(VLLM)) \
-		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(KEEP),--keep-conflict)
+		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(KEEP),--keep-conflict) \
+		$(if $(NOTEST),--skip-tests)
 
 test: venv check-manifest test-tooling test-series
 

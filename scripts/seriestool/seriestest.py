@@ -78,18 +78,28 @@ def check_prefixes(
     manifest: manifest_mod.Manifest,
     patch_dir: Path = manifest_mod.PATCH_DIR,
     only_full: bool = False,
+    base_repo: Path | None = None,
 ) -> int:
-    """Run the prefix checks; returns 0 when every prefix applies and passes."""
+    """Run the prefix checks; returns 0 when every prefix applies and passes.
+
+    Args:
+        base_repo: a repository whose ``base`` branch is the base to test on
+            (e.g. a rebase onto an upstream commit that has no sdist); by
+            default the manifest's base is materialised from its sdist.
+    """
     if not manifest.patches:
         print("the series is empty: no vLLM-side tests to run")
         return 0
-    repo, _commit, _sha = base_mod.materialise(
-        manifest.base.project,
-        manifest.base.version,
-        manifest.base.sdist.sha256,
-        upstream_commit=manifest.base.upstream_commit,
-        expected_commit=manifest.base.commit,
-    )
+    if base_repo is not None:
+        repo = base_repo
+    else:
+        repo, _commit, _sha = base_mod.materialise(
+            manifest.base.project,
+            manifest.base.version,
+            manifest.base.sdist.sha256,
+            upstream_commit=manifest.base.upstream_commit,
+            expected_commit=manifest.base.commit,
+        )
     patches = manifest.patch_paths(patch_dir)
     scratch_root = base_mod.WORK_DIR / "test-series"
     rows = []

@@ -4,7 +4,6 @@ collects nothing (pytest exit 5), a failing test, a patch that does not apply.""
 from __future__ import annotations
 
 import pytest
-
 from seriestool import base as base_mod
 from seriestool import seriestest
 
@@ -66,8 +65,10 @@ def test_patch_without_tests_fails(toy_series, toy_base, capsys):
     repo.commit("[Loader] second change", {
         "pkg/loader.py": "def load(x):\n    # first\n    return x + 0\n",
     })  # fmt: skip
-    export_mod.export_series(repo.path, manifest, "moved", base, patch_dir=patch_dir,
-                             manifest_path=patch_dir / "series.json", log=lambda *_: None)  # fmt: skip
+    export_mod.export_series(
+        repo.path, manifest, "moved", base, patch_dir=patch_dir,
+        manifest_path=patch_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip
     assert seriestest.check_prefixes(manifest, patch_dir) == 1
     assert "adds or changes no test" in capsys.readouterr().out
 

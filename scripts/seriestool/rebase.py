@@ -1,0 +1,1184 @@
+"""``rebase``: carry the series to another upstream revision (issue 9).
+
+``rebase --to X`` moves the series from its pinned base to ``X``:
+
+- ``X`` a version (``0.32.0``, ``v0.32.0``): the new base is materialised from
+  its PyPI sdist exactly like the pinned base (``base.materialise``: pip checks
+  the hash the index publishes; cached and reproducible);
+- ``X`` a commit or tag: it must be in the checkout given with ``--vllm``.
+
+All the work happens in a scratch clone under ``work/rebase/<X>/``: the old
+series is re-applied onto the old base (for the range-diff), then each patch
+is applied onto the new base with ``git am --3way``, one at a time:
+
+- plain ``git apply --check`` passes → **applied**; otherwise the 3-way
+  fallback merged it → **applied (3-way)**;
+- its stable patch ID is a commit of upstream's history between the old and
+  the new base (computable only when both bases share history, e.g. commits
+  of a real vLLM checkout; sdist imports do not) → **dropped**, not applied;
+- ``git am`` merged it to no change at all ("No changes -- Patch already
+  applied") → **dropped**: upstream absorbed it;
+- anything else → **conflict**: the rebase stops and reports the patch, the
+  files left unmerged, the conflict hunks per file (line of each ``<<<<<<<``
+  marker) and git's own ``error:`` lines.  Without ``--keep-conflict`` the
+  scratch clone is discarded and the user's checkout was never touched.  With
+  ``--keep-conflict`` the ``git am`` session stays in progress, in the user's
+  ``--vllm`` checkout on a new branch (its original branch, HEAD, index and
+  work tree are recorded) or in ``work/rebase/<X>/vllm``; the session is
+  recorded in ``work/rebase/state.json``.  After resolving and ``git add``:
+  ``rebase --continue`` (``make rebase CONTINUE=1``) finishes the patch
+  (a resolution to no change drops it), applies the rest and goes on with the
+  success steps; ``rebase --abort`` (``ABORT=1``) aborts the ``git am`` and
+  restores the checkout exactly.
+
+On success: the new series is exported with ``export.format_patches``
+(reproducible; files are renumbered contiguously, so a dropped patch shifts
+the numbers of the ones after it) into ``work/rebase/<X>/staging`` with a
+refreshed manifest (base version, upstream commit, sdist name and sha256,
+materialised base commit, touched-file blob ids, patch IDs and list), the
+range-diff of old series vs new series goes into ``work/rebase/<X>/report.md``
+(also printed), and the series' tests (``seriestest.check_prefixes``) run
+against the new base unless ``--skip-tests``.  Only then is ``patches/``
+replaced: a complete copy is built next to it (``patches.rebase-new``; it is
+complete once renamed from ``patches.rebase-new.partial``), then two renames
+swap it in.  Every ``rebase`` invocation first finishes or undoes a swap that
+was interrupted, so ``patches/`` is never left half-written, and a re-run
+after a killed rebase discards its scratch work (or, for a ``--keep-conflict``
+session that touched a checkout, refuses and points to ``--continue`` /
+``--abort``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from . import base as base_mod
+from . import check_manifest, patchset, seriestest
+from . import export as export_mod
+from . import git as g
+from . import manifest as manifest_mod
+from .apply import refuse_unsafe_state
+from .errors import SeriesError
+from .report import table
+
+Log = Callable[[str], object]
+
+VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)+(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)$")
+_INDEX_LINE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})", re.MULTILINE)
+_NULL_OID = "0" * 40
+
+APPLIED = "applied"
+DROPPED = "dropped"
+CONFLICT = "conflict"
+PENDING = "pending"
+
+OLD_BRANCH = "series-old"  # the old series on the old base, in the scratch clone
+NEW_REF = "refs/heads/series-new"  # the new series, fetched into the scratch clone
+
+
+# --------------------------------------------------------------------------
+# Session state (work/rebase/state.json)
+
+
+@dataclasses.dataclass
+class PatchStatus:
+    """One patch of the old series and what became of it."""
+
+    file: str
+    subject: str
+    patch_id: str
+    status: str = PENDING  # pending | applied | dropped | conflict
+    how: str = ""  # "clean", "3-way merge", "resolved by hand", or why dropped
+    new_file: str = ""
+
+
+@dataclasses.dataclass
+class Session:
+    """A rebase from start to finish; saved after every step.
+
+    ``phase``: ``running`` (a process is working on it), ``conflict`` (stopped
+    with the ``git am`` session left for manual resolution), ``applied`` (all
+    patches are through but a later step failed: ``--continue`` retries the
+    success steps), ``swapping`` (replacing ``patches/``).
+    """
+
+    to: str
+    slug: str
+    kind: str  # "version" | "commit"
+    keep: bool
+    skip_tests: bool
+    phase: str
+    pid: int
+    work: str  # work/rebase/<slug>
+    scratch: str  # the scratch clone
+    checkout: str  # where the new series is applied: scratch or the user's checkout
+    branch: str  # the new series' branch in ``checkout``
+    patch_dir: str
+    manifest_path: str
+    command: str
+    old_base: str = ""
+    old_tip: str = ""
+    new_base: str = ""
+    target: dict = dataclasses.field(default_factory=dict)
+    history_range: str | None = None
+    patches: list[PatchStatus] = dataclasses.field(default_factory=list)
+    next: int = 0
+    pre_head: str = ""
+    user_state: dict | None = None  # RepoState of the user's checkout
+    conflict: str = ""
+    tests: str = ""
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.work)
+
+    @property
+    def old_patch_dir(self) -> Path:
+        return self.work_dir / "old-patches"
+
+    @property
+    def staging(self) -> Path:
+        return self.work_dir / "staging"
+
+    @property
+    def report_path(self) -> Path:
+        return self.work_dir / "report.md"
+
+    @property
+    def uses_user_checkout(self) -> bool:
+        return self.user_state is not None
+
+    def save(self) -> None:
+        data = dataclasses.asdict(self)
+        path = state_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls) -> Session | None:
+        path = state_path()
+        if not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text())
+            data["patches"] = [PatchStatus(**p) for p in data["patches"]]
+            return cls(**data)
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SeriesError(
+                f"rebase state {path} is unreadable ({e}); if no rebase is in progress,"
+                " delete it and run again"
+            ) from None
+
+    def user_repo_state(self) -> g.RepoState:
+        assert self.user_state is not None
+        s = self.user_state
+        return g.RepoState(Path(s["repo"]), s["head"], s["branch"], dict(s["branch_tips"]),
+                           s["stash"])  # fmt: skip
+
+
+def state_path() -> Path:
+    """``work/rebase/state.json`` (read at call time: tests move WORK_DIR)."""
+    return base_mod.WORK_DIR / "rebase" / "state.json"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process: whatever ran before in it is over
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --------------------------------------------------------------------------
+# patches/ swap and its recovery
+
+
+def _siblings(patch_dir: Path) -> tuple[Path, Path, Path]:
+    """(partial, new, old) folders next to ``patch_dir`` used by the swap."""
+    name = patch_dir.name
+    return (
+        patch_dir.with_name(f"{name}.rebase-new.partial"),
+        patch_dir.with_name(f"{name}.rebase-new"),
+        patch_dir.with_name(f"{name}.rebase-old"),
+    )
+
+
+def recover_swap(patch_dir: Path, log: Log = print) -> None:
+    """Finish or undo a swap of ``patch_dir`` that a killed rebase left.
+
+    ``<patches>.rebase-new`` exists only once complete and verified (it is
+    renamed from ``.partial``), so a swap found with it is finished; a
+    ``.partial`` copy is discarded.
+
+    Raises:
+        SeriesError: the folders are in a state no swap leaves (all three
+            present); the message names them and what to keep.
+    """
+    partial, new, old = _siblings(patch_dir)
+    if partial.exists():
+        shutil.rmtree(partial)
+        log(f"discarded {partial.name}: an unfinished copy from an interrupted rebase;"
+            f" {patch_dir.name}/ was not touched")  # fmt: skip
+    here, has_new, has_old = patch_dir.exists(), new.exists(), old.exists()
+    if not has_new and not has_old:
+        return
+    if here and has_new and has_old:
+        raise SeriesError(
+            f"{patch_dir}, {new.name} and {old.name} all exist: no rebase leaves that;"
+            f" keep the series you want as {patch_dir.name}/, delete the other two"
+            " folders and run again"
+        )
+    if has_new:
+        if here:  # interrupted before the first rename: the series is still the old one
+            patch_dir.rename(old)
+        new.rename(patch_dir)
+        log(f"finished replacing {patch_dir} with the rebased series that an interrupted"
+            f" rebase had completed and verified ({new.name})")  # fmt: skip
+    elif not here:  # old only: put it back (no complete new series exists)
+        old.rename(patch_dir)
+        log(f"restored {patch_dir} from {old.name} after an interrupted rebase")
+        return
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def swap_in(staging: Path, patch_dir: Path, manifest_name: str) -> None:
+    """Replace ``patch_dir``'s patches and manifest with ``staging``'s.
+
+    Files of ``patch_dir`` that are neither ``*.patch`` nor the manifest are
+    carried over.  See :func:`recover_swap` for interrupted swaps.
+    """
+    partial, new, old = _siblings(patch_dir)
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir()
+    for item in sorted(patch_dir.iterdir()):
+        if item.suffix == ".patch" or item.name == manifest_name:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, partial / item.name, symlinks=True)
+        else:
+            shutil.copy2(item, partial / item.name, follow_symlinks=False)
+    for item in sorted(staging.iterdir()):
+        shutil.copyfile(item, partial / item.name)
+    _fsync_tree(partial)
+    partial.rename(new)
+    patch_dir.rename(old)
+    new.rename(patch_dir)
+    shutil.rmtree(old)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for item in folder.iterdir():
+        if item.is_file():
+            with item.open("rb") as f:
+                os.fsync(f.fileno())
+
+
+# --------------------------------------------------------------------------
+# Targets and bases
+
+
+def parse_version(to: str) -> str | None:
+    """``0.32.0`` for ``0.32.0`` or ``v0.32.0``; None when ``to`` is no version."""
+    match = VERSION_RE.match(to)
+    return match.group(1) if match else None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "target"
+
+
+def _upstream_commit_of(repo: Path, commit: str) -> str | None:
+    """The abbreviated upstream commit in ``commit``'s ``vllm/_version.py``."""
+    proc = g.git(repo, "show", f"{commit}:vllm/_version.py", check=False)
+    if proc.returncode != 0:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "vllm").mkdir()
+        (Path(tmp) / "vllm" / "_version.py").write_text(proc.stdout)
+        return base_mod.read_upstream_commit(Path(tmp))
+
+
+def _add_alternate(repo: Path, source: Path) -> None:
+    """Let scratch ``repo`` read ``source``'s objects (no copy)."""
+    objects = g.git_dir(source) / "objects"
+    alternates = g.git_dir(repo) / "objects" / "info" / "alternates"
+    alternates.parent.mkdir(parents=True, exist_ok=True)
+    known = alternates.read_text().splitlines() if alternates.exists() else []
+    if str(objects) not in known:
+        with alternates.open("a") as f:
+            f.write(f"{objects}\n")
+
+
+def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> int:
+    """Copy into ``dst`` the pre-image blobs the patches' ``index`` lines name.
+
+    ``git am --3way`` rebuilds the patch's base from them; a checkout of
+    another upstream revision may lack them.  Only unreferenced objects are
+    added: no ref, index or work-tree file of ``dst`` changes.
+    """
+    wanted = set()
+    for patch in patches:
+        wanted.update(m.group(1) for m in _INDEX_LINE.finditer(patch.read_text()))
+    wanted.discard(_NULL_OID)
+    copied = 0
+    for oid in sorted(wanted):
+        if g.git(dst, "cat-file", "-e", oid, check=False).returncode == 0:
+            continue
+        proc = g.git(src, "cat-file", "blob", oid, check=False, text=False)
+        if proc.returncode != 0:
+            continue  # am will say which blob is lacking
+        g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=proc.stdout, text=False)
+        copied += 1
+    return copied
+
+
+# --------------------------------------------------------------------------
+# Start
+
+
+def start(
+    to: str,
+    vllm: Path | None = None,
+    keep_conflict: bool = False,
+    skip_tests: bool = False,
+    patch_dir: Path = manifest_mod.PATCH_DIR,
+    manifest_path: Path | None = None,
+    pip_args: Sequence[str] = (),
+    log: Log = print,
+    command: str | None = None,
+) -> int:
+    """Rebase the series in ``patch_dir`` onto ``to``; see the module doc.
+
+    Returns:
+        0 when the series was rebased and ``patch_dir`` replaced.
+
+    Raises:
+        SeriesError: a refusal (bad target, inconsistent series, a session in
+            progress), a conflict (after the report is written; with
+            ``keep_conflict`` the session stays open), or failing tests;
+            ``patch_dir`` is unchanged in every case.
+    """
+    patch_dir, manifest_path = _layout(patch_dir, manifest_path, log)
+    _clear_stale_session(log)
+    manifest = manifest_mod.load(manifest_path)
+    found = check_manifest.problems(manifest, patch_dir)
+    if found:
+        raise SeriesError(
+            f"the series in {patch_dir} disagrees with {manifest_path.name}:\n  "
+            + "\n  ".join(found)
+            + "\nfix it (`make check-manifest`, `make export`) before rebasing"
+        )
+
+    version = parse_version(to)
+    user: Path | None = None
+    new_commit: str | None = None
+    if vllm is not None:
+        if not g.is_repo(Path(vllm)):
+            raise SeriesError(f"--vllm {vllm} is not a git checkout; pass VLLM=/path/to/vllm")
+        user = g.toplevel(Path(vllm))
+        candidates = [to] + ([f"v{version}"] if version and not to.startswith("v") else [])
+        new_commit = next((c for ref in candidates if (c := g.rev(user, ref))), None)
+        if new_commit is None:
+            raise SeriesError(
+                f"{user} has no commit or tag {to!r}"
+                + (f" (nor v{version})" if version and not to.startswith("v") else "")
+                + "; fetch it into that checkout, or drop VLLM= to rebase onto the"
+                " PyPI sdist of a version"
+            )
+        kind = "commit"
+        slug = _slug(to)
+        if new_commit == manifest.base.commit:
+            raise SeriesError(
+                f"the series is already based on {to} ({new_commit[:12]});"
+                " pass TO=<another version or commit>"
+            )
+    elif version is not None:
+        kind = "version"
+        slug = version
+        if version == manifest.base.version:
+            raise SeriesError(
+                f"the series is already based on {manifest.base.project} {version};"
+                " pass TO=<another version or commit>"
+            )
+    else:
+        raise SeriesError(
+            f"TO={to!r} is not a version such as 0.32.0; a commit or tag needs the"
+            " checkout that contains it: make rebase TO=<commit> VLLM=<checkout>"
+        )
+
+    work = base_mod.WORK_DIR / "rebase" / slug
+    keep_in_user = keep_conflict and user is not None
+    branch = f"{manifest.name}/v{manifest.version}-rebase-onto-{slug}"
+    user_state = None
+    if keep_in_user:
+        refuse_unsafe_state(user)
+        if g.rev(user, f"refs/heads/{branch}"):
+            raise SeriesError(
+                f"branch {branch} already exists in {user}; delete it"
+                f" (`git branch -D {branch}`) and run again"
+            )
+        state = g.RepoState.capture(user)
+        user_state = {
+            "repo": str(state.repo), "head": state.head, "branch": state.branch,
+            "branch_tips": state.branch_tips, "stash": state.stash,
+        }  # fmt: skip
+
+    scratch = work / "vllm"
+    sess = Session(
+        to=to, slug=slug, kind=kind, keep=keep_conflict, skip_tests=skip_tests,
+        phase="running", pid=os.getpid(), work=str(work), scratch=str(scratch),
+        checkout=str(user if keep_in_user else scratch), branch=branch,
+        patch_dir=str(patch_dir), manifest_path=str(manifest_path),
+        command=command or _command_line(to, vllm, keep_conflict, skip_tests, patch_dir,
+                                         pip_args),
+        user_state=user_state,
+        patches=[PatchStatus(p.file, p.subject, p.patch_id) for p in manifest.patches],
+    )  # fmt: skip
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    sess.save()
+    try:
+        _copy_series(patch_dir, manifest_path, sess.old_patch_dir)
+        _prepare(sess, manifest, user, new_commit, pip_args, log)
+        if _apply_remaining(sess, log):
+            return _finish(sess, log)
+        _stopped(sess, log)
+    except BaseException:
+        _on_error(sess, log)
+        raise
+
+
+def _layout(patch_dir: Path, manifest_path: Path | None, log: Log) -> tuple[Path, Path]:
+    """Resolved patch folder and manifest, after finishing an interrupted swap."""
+    patch_dir = Path(patch_dir).resolve()
+    manifest_path = Path(manifest_path).resolve() if manifest_path else patch_dir / "series.json"
+    if manifest_path.parent != patch_dir:
+        raise SeriesError(
+            f"rebase replaces the patch folder and its manifest together, but"
+            f" {manifest_path} is not in {patch_dir}; keep the manifest in the patch folder"
+        )
+    recover_swap(patch_dir, log)
+    if not patch_dir.is_dir():
+        raise SeriesError(f"patch folder {patch_dir} does not exist")
+    return patch_dir, manifest_path
+
+
+def _command_line(
+    to: str, vllm, keep: bool, skip_tests: bool, patch_dir: Path, pip_args: Sequence[str]
+) -> str:
+    parts = ["seriestool", "rebase", "--to", to]
+    if vllm:
+        parts += ["--vllm", str(vllm)]
+    if keep:
+        parts.append("--keep-conflict")
+    if skip_tests:
+        parts.append("--skip-tests")
+    if patch_dir != manifest_mod.PATCH_DIR.resolve():
+        parts += ["--patch-dir", str(patch_dir)]
+    parts += [f"--pip-arg={a}" for a in pip_args]
+    return shlex.join(parts)
+
+
+def _copy_series(patch_dir: Path, manifest_path: Path, dest: Path) -> None:
+    """The rebase's input, frozen: later steps never read ``patch_dir`` again."""
+    dest.mkdir(parents=True)
+    for item in sorted(patch_dir.glob("*.patch")):
+        shutil.copyfile(item, dest / item.name)
+    shutil.copyfile(manifest_path, dest / manifest_path.name)
+
+
+def _old_manifest(sess: Session) -> manifest_mod.Manifest:
+    return manifest_mod.load(sess.old_patch_dir / Path(sess.manifest_path).name)
+
+
+def _prepare(
+    sess: Session,
+    manifest: manifest_mod.Manifest,
+    user: Path | None,
+    new_commit: str | None,
+    pip_args: Sequence[str],
+    log: Log,
+) -> None:
+    """Scratch clone with both bases, the old series rebuilt, the new branch made."""
+    scratch = Path(sess.scratch)
+    mb = manifest.base
+    if sess.kind == "version":
+        version = sess.slug
+        new_repo, new_commit, sha256 = base_mod.materialise(
+            mb.project, version, None, pip_args=pip_args, log=log
+        )
+        base_mod.clone(new_repo, scratch)
+        sess.target = {
+            "version": version,
+            "upstream_commit": _upstream_commit_of(new_repo, new_commit) or "",
+            "sdist_filename": base_mod.sdist_filename(mb.project, version),
+            "sha256": sha256,
+        }
+    else:
+        assert user is not None and new_commit is not None
+        g.git(user.parent, "clone", "-q", "--shared", "--no-checkout", str(user), str(scratch))
+        g.git(scratch, "config", "user.name", "vLLM loader series")
+        g.git(scratch, "config", "user.email", "series@localhost")
+        g.git(scratch, "checkout", "-q", "--detach", new_commit)
+        # check_prefixes-style consumers clone the ``base`` branch.
+        g.git(scratch, "branch", "-f", base_mod.BASE_BRANCH, new_commit)
+        described = g.out(user, "describe", "--tags", "--always", new_commit)
+        sess.target = {
+            "version": described[1:] if re.match(r"v\d", described) else described,
+            "upstream_commit": g.out(user, "rev-parse", "--short=9", new_commit),
+            "sdist_filename": "",
+            "sha256": "",
+        }
+    sess.new_base = new_commit
+    sess.old_base = _old_base(scratch, manifest, pip_args, log)
+    sess.history_range = _history_range(scratch, manifest, sess.old_base, new_commit)
+    sess.save()
+
+    # The old series on the old base: the left side of the range-diff.
+    old_patches = [sess.old_patch_dir / p.file for p in sess.patches]
+    g.git(scratch, "checkout", "-q", "-b", OLD_BRANCH, sess.old_base)
+    try:
+        patchset.am(scratch, old_patches)
+    except SeriesError as e:
+        raise SeriesError(
+            f"the current series does not apply to its own base {mb.project} {mb.version}"
+            f" ({sess.old_base[:12]}): {e}\nrun `make test` and fix the series first"
+        ) from None
+    sess.old_tip = g.rev(scratch, "HEAD") or ""
+
+    checkout = Path(sess.checkout)
+    if checkout == scratch:
+        g.git(scratch, "checkout", "-q", "-b", sess.branch, new_commit)
+    else:
+        log(f"working in your checkout {checkout} on new branch {sess.branch}")
+        g.git(checkout, "checkout", "-q", "-b", sess.branch, new_commit)
+        _copy_preimage_blobs(scratch, checkout, old_patches)
+    sess.save()
+    log(f"rebasing {len(sess.patches)} patches from {mb.project} {mb.version} onto"
+        f" {sess.target['version']} ({new_commit[:12]}) in {checkout}")  # fmt: skip
+
+
+def _old_base(
+    scratch: Path, manifest: manifest_mod.Manifest, pip_args: Sequence[str], log: Log
+) -> str:
+    """The old base commit, made readable in ``scratch``."""
+    mb = manifest.base
+    found = g.rev(scratch, mb.commit) if mb.commit else None
+    if found:
+        return found
+    if not mb.sdist.sha256:
+        raise SeriesError(
+            f"the series' base commit {mb.commit} is not in the checkout and the manifest"
+            " names no sdist to rebuild it from; pass VLLM= a checkout that contains it"
+        )
+    repo, commit, _sha = base_mod.materialise(
+        mb.project, mb.version, mb.sdist.sha256, upstream_commit=mb.upstream_commit,
+        expected_commit=mb.commit or None, pip_args=pip_args, log=log,
+    )  # fmt: skip
+    _add_alternate(scratch, repo)
+    g.git(scratch, "update-ref", "refs/series/old-base", commit)
+    return commit
+
+
+def _history_range(
+    scratch: Path, manifest: manifest_mod.Manifest, old_base: str, new_base: str
+) -> str | None:
+    """``old..new`` of upstream history, when both bases share it (else None).
+
+    Bases imported from sdists are unrelated root commits: no history to
+    search.  In a real vLLM checkout the manifest's upstream commit resolves.
+    """
+    for ref in (manifest.base.upstream_commit, old_base):
+        old = g.rev(scratch, ref) if ref else None
+        if not old or old == new_base:
+            continue
+        if g.git(scratch, "merge-base", old, new_base, check=False).returncode == 0:
+            return f"{old}..{new_base}"
+    return None
+
+
+# --------------------------------------------------------------------------
+# Applying patch by patch
+
+
+def _apply_remaining(sess: Session, log: Log) -> bool:
+    """Apply patches from ``sess.next`` on; False when stopped at a conflict."""
+    checkout, scratch = Path(sess.checkout), Path(sess.scratch)
+    for i in range(sess.next, len(sess.patches)):
+        entry = sess.patches[i]
+        patch = sess.old_patch_dir / entry.file
+        sess.next = i
+        sess.pre_head = g.rev(checkout, "HEAD") or ""
+        sess.save()
+        upstream = _upstream_commit_with_patch_id(scratch, sess.history_range, patch,
+                                                  entry.patch_id)  # fmt: skip
+        # Only when the change is still there at the new base (upstream may
+        # have reverted it since): its reverse must apply.
+        if upstream and g.git(checkout, "apply", "--check", "-R", str(patch),
+                              check=False).returncode == 0:  # fmt: skip
+            entry.status, entry.how = DROPPED, f"patch ID is upstream commit {upstream[:12]}"
+            log(f"{entry.file}: dropped: {entry.how}")
+            continue
+        check = g.git(checkout, "apply", "--check", str(patch), check=False)
+        plain = check.returncode == 0
+        try:
+            patchset.am(checkout, [patch])
+        except SeriesError as e:
+            entry.status = CONFLICT
+            sess.conflict = _conflict_detail(checkout, entry.file, check.stderr + "\n" + str(e))
+            log(f"{entry.file}: conflict")
+            return False
+        if g.rev(checkout, "HEAD") == sess.pre_head:
+            entry.status, entry.how = DROPPED, "no change after 3-way merge: upstream has it"
+        else:
+            entry.status, entry.how = APPLIED, "clean" if plain else "3-way merge"
+        log(f"{entry.file}: {entry.status} ({entry.how})")
+    sess.next = len(sess.patches)
+    sess.conflict = ""
+    sess.save()
+    return True
+
+
+def _upstream_commit_with_patch_id(
+    scratch: Path, history: str | None, patch: Path, patch_id: str
+) -> str | None:
+    if not history:
+        return None
+    paths = patchset.files_touched(scratch, patch)
+    for commit, pid in patchset.commit_patch_ids(scratch, history, paths):
+        if pid == patch_id:
+            return commit
+    return None
+
+
+def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
+    """Patch, unmerged files with their conflict hunks, and git's own error lines.
+
+    ``git_output``: stderr of the plain ``git apply --check`` (it names each
+    patch hunk that no longer applies, as ``patch failed: FILE:LINE``) and of
+    ``git am --3way``.
+    """
+    lines = [f"patch: {patch_file}"]
+    unmerged = g.out(checkout, "diff", "--name-only", "--diff-filter=U").splitlines()
+    for path in unmerged:
+        full = checkout / path
+        starts: list[int] = []
+        if full.is_file():
+            text = full.read_text(errors="replace").splitlines()
+            starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
+        where = f" at line {', '.join(map(str, starts))}" if starts else ""
+        lines.append(f"conflict: {path}: {len(starts)} conflicting hunk(s){where}")
+    if not unmerged:
+        lines.append("no file was merged with conflict markers: the patch could not be"
+                     " applied even with a 3-way merge")  # fmt: skip
+    seen = set()
+    for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
+        if line.strip() not in seen:
+            seen.add(line.strip())
+            lines.append(f"git: {line.strip()}")
+    return "\n".join(lines)
+
+
+def _stopped(sess: Session, log: Log) -> NoReturn:
+    """A patch conflicted: keep the session (``--keep-conflict``) or give up.
+
+    Raises:
+        SeriesError: always, with the conflict detail and what to do next.
+    """
+    entry = sess.patches[sess.next]
+    if sess.keep:
+        sess.phase = "conflict"
+        sess.save()
+        _write_report(sess, "STOPPED at a conflict, left for manual resolution",
+                      "unchanged", log)  # fmt: skip
+        raise SeriesError(
+            f"{entry.file} conflicts with {sess.target['version']}; the git am session is"
+            f" left in progress in {sess.checkout} (branch {sess.branch}).\n"
+            f"{_indent(sess.conflict)}\nResolve the files, `git add` them, then run"
+            " `make rebase CONTINUE=1`; or give up with `make rebase ABORT=1`."
+            f"\nreport: {sess.report_path}"
+        )
+    _write_report(sess, "CONFLICT: rebase stopped", "unchanged", log)
+    raise SeriesError(
+        f"{entry.file} conflicts with {sess.target['version']}; nothing was changed"
+        f" (your checkouts and {Path(sess.patch_dir).name}/ are as they were).\n"
+        f"{_indent(sess.conflict)}\nTo resolve it by hand, run again with --keep-conflict"
+        f" (make rebase TO={sess.to} KEEP=1).\nreport: {sess.report_path}"
+    )
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _on_error(sess: Session, log: Log) -> None:
+    """Undo what a failed start did, unless it stopped for manual resolution."""
+    current = Session.load()
+    if current is not None and current.keep and current.phase in ("conflict", "applied"):
+        return  # kept on purpose for --continue / --abort
+    _discard(sess, log)
+
+
+def _discard(sess: Session, log: Log) -> None:
+    """Abort any am, restore the user's checkout, remove scratch work and state."""
+    checkout = Path(sess.checkout)
+    if sess.uses_user_checkout:
+        if checkout.exists() and g.operation_in_progress(checkout) == "git am":
+            g.git(checkout, "am", "--abort", check=False)
+        sess.user_repo_state().restore()
+    scratch = Path(sess.scratch)
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    for folder in (sess.old_patch_dir, sess.staging):
+        if folder.exists():
+            shutil.rmtree(folder)
+    state_path().unlink(missing_ok=True)
+
+
+def _clear_stale_session(log: Log) -> None:
+    """Refuse while a session is open; discard the scratch work of a killed run."""
+    sess = Session.load()
+    if sess is None:
+        return
+    if sess.phase in ("running", "swapping") and _pid_alive(sess.pid):
+        raise SeriesError(
+            f"a rebase to {sess.to} is running (pid {sess.pid}); wait for it. If no such"
+            f" process exists, delete {state_path()} and run again"
+        )
+    if sess.phase == "swapping":
+        log(f"the rebase to {sess.to} was interrupted while replacing"
+            f" {sess.patch_dir}; that replacement has been completed")  # fmt: skip
+        _discard(dataclasses.replace(sess, user_state=None), log)
+        return
+    if sess.keep and (sess.uses_user_checkout or sess.phase != "running"):
+        what = {
+            "conflict": f"stopped at a conflict in {sess.checkout}",
+            "applied": "applied but not finished (a later step failed)",
+        }.get(sess.phase, f"interrupted while working in {sess.checkout}")
+        raise SeriesError(
+            f"a rebase to {sess.to} is in progress ({what}); finish it with"
+            " `make rebase CONTINUE=1` or undo it with `make rebase ABORT=1`"
+        )
+    log(f"discarding the scratch work of an interrupted rebase to {sess.to}"
+        f" (pid {sess.pid}); {Path(sess.patch_dir).name}/ was not touched")  # fmt: skip
+    _discard(sess, log)
+
+
+# --------------------------------------------------------------------------
+# Continue and abort
+
+
+def resume(log: Log = print) -> int:
+    """``--continue``: finish the stopped patch, apply the rest, then succeed.
+
+    Raises:
+        SeriesError: no session, the session was interrupted rather than
+            stopped, files are still unmerged or hold conflict markers, or a
+            later patch conflicts (the session stays open again).
+    """
+    sess = Session.load()
+    if sess is None:
+        raise SeriesError("no rebase is in progress; start one with `make rebase TO=<version>`")
+    recover_swap(Path(sess.patch_dir), log)
+    if sess.phase in ("running", "swapping"):
+        if _pid_alive(sess.pid):
+            raise SeriesError(f"the rebase to {sess.to} is still running (pid {sess.pid})")
+        if sess.phase == "swapping":
+            _clear_stale_session(log)  # the swap was finished above: clean up
+            return 0
+        raise SeriesError(
+            f"the rebase to {sess.to} was interrupted, not stopped at a conflict;"
+            " undo it with `make rebase ABORT=1` and start again"
+        )
+    sess.phase, sess.pid = "running", os.getpid()
+    sess.save()
+    try:
+        if sess.next < len(sess.patches) and sess.patches[sess.next].status == CONFLICT:
+            _finish_conflicted_patch(sess, log)
+            sess.next += 1
+            sess.save()
+        if _apply_remaining(sess, log):
+            return _finish(sess, log)
+        _stopped(sess, log)
+    except BaseException:
+        current = Session.load()
+        if current is not None and current.phase == "running":
+            current.phase = "conflict" if current.next < len(current.patches) else "applied"
+            current.save()
+        raise
+
+
+def _finish_conflicted_patch(sess: Session, log: Log) -> None:
+    checkout = Path(sess.checkout)
+    entry = sess.patches[sess.next]
+    if g.operation_in_progress(checkout) == "git am":
+        unmerged = g.out(checkout, "diff", "--name-only", "--diff-filter=U").splitlines()
+        if unmerged:
+            raise SeriesError(
+                f"{entry.file}: still unmerged in {checkout}: {', '.join(unmerged)}; resolve"
+                " them, `git add` them and run `make rebase CONTINUE=1` again"
+            )
+        check = g.git(checkout, "diff", "--cached", "--check", check=False).stdout
+        markers = sorted({line.split(":")[0] for line in check.splitlines()
+                          if "leftover conflict marker" in line})  # fmt: skip
+        if markers:
+            raise SeriesError(
+                f"{entry.file}: conflict markers are still staged in {', '.join(markers)}"
+                f" ({checkout}); finish resolving, `git add` and run CONTINUE=1 again"
+            )
+        proc = g.git(checkout, "-c", "core.hooksPath=/dev/null", "am", "--continue",
+                     check=False)  # fmt: skip
+        if proc.returncode != 0:
+            staged = g.git(checkout, "diff", "--cached", "--quiet", check=False).returncode
+            if staged == 0 and "No changes" in proc.stdout + proc.stderr:
+                g.git(checkout, "am", "--skip")
+                entry.status, entry.how = DROPPED, "resolved to no change: upstream has it"
+                log(f"{entry.file}: dropped ({entry.how})")
+                return
+            raise SeriesError(
+                f"git am --continue failed in {checkout}: {(proc.stderr or proc.stdout).strip()}"
+            )
+    head = g.rev(checkout, "HEAD")
+    if head == sess.pre_head:
+        entry.status, entry.how = DROPPED, "skipped during manual resolution (git am --skip)"
+    elif g.rev(checkout, "HEAD~1") == sess.pre_head:
+        entry.status, entry.how = APPLIED, "resolved by hand"
+    else:
+        raise SeriesError(
+            f"{checkout} moved from {sess.pre_head[:12]} to {(head or '?')[:12]} by more than"
+            f" the one commit of {entry.file}; put the branch back or run ABORT=1"
+        )
+    log(f"{entry.file}: {entry.status} ({entry.how})")
+
+
+def abort(log: Log = print) -> int:
+    """``--abort``: abort the am session, restore the checkout, remove the state.
+
+    Raises:
+        SeriesError: no session, or its process is still running.
+    """
+    sess = Session.load()
+    if sess is None:
+        raise SeriesError("no rebase is in progress: nothing to abort")
+    recover_swap(Path(sess.patch_dir), log)
+    if sess.phase in ("running", "swapping") and _pid_alive(sess.pid):
+        raise SeriesError(
+            f"the rebase to {sess.to} is still running (pid {sess.pid}); stop it first"
+        )
+    if sess.phase == "swapping":
+        _clear_stale_session(log)
+        log(f"the rebase to {sess.to} had completed; {sess.patch_dir} holds the rebased series")
+        return 0
+    _discard(sess, log)
+    where = sess.checkout if sess.uses_user_checkout else "the scratch clone"
+    log(f"rebase to {sess.to} aborted; {where} restored, {Path(sess.patch_dir).name}/ unchanged")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Success steps
+
+
+def _finish(sess: Session, log: Log) -> int:
+    """Export, manifest, range-diff, tests; then (and only then) swap patches/."""
+    scratch = Path(sess.scratch)
+    checkout = Path(sess.checkout)
+    if sess.uses_user_checkout:
+        g.git(scratch, "fetch", "-q", str(checkout), f"+refs/heads/{sess.branch}:{NEW_REF}")
+        state = sess.user_repo_state()
+        back = [state.branch] if state.branch else ["--detach", state.head]
+        g.git(checkout, "checkout", "-q", *back)
+    else:
+        g.git(scratch, "update-ref", NEW_REF, "HEAD")
+    new_tip = g.rev(scratch, NEW_REF) or ""
+    sess.phase = "applied"
+    sess.save()
+
+    if sess.staging.exists():
+        shutil.rmtree(sess.staging)
+    sess.staging.mkdir(parents=True)
+    files = export_mod.format_patches(scratch, sess.new_base, new_tip, sess.staging)
+    applied = [p for p in sess.patches if p.status == APPLIED]
+    if len(files) != len(applied):
+        raise SeriesError(
+            f"{len(applied)} patches applied but {sess.new_base[:12]}..{sess.branch} holds"
+            f" {len(files)} commits; was the branch changed by hand? run ABORT=1"
+        )
+    for entry, f in zip(applied, files, strict=True):
+        entry.new_file = f.name
+    manifest = _new_manifest(sess, files)
+    manifest_name = Path(sess.manifest_path).name
+    manifest.save(sess.staging / manifest_name)
+    found = check_manifest.problems(manifest, sess.staging)
+    if found:
+        raise SeriesError(
+            "the exported series fails its own manifest check:\n  " + "\n  ".join(found)
+        )
+    range_diff = _range_diff(scratch, sess.old_base, sess.old_tip, sess.new_base, new_tip)
+    sess.save()
+
+    if sess.skip_tests:
+        sess.tests = "skipped (--skip-tests)"
+        ok = True
+    else:
+        _write_report(sess, "running the series' tests", "unchanged", log, range_diff, quiet=True)
+        ok, sess.tests = _run_tests(sess, manifest, log)
+    if not ok:
+        sess.save()
+        if not sess.keep:
+            _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written",
+                          log, range_diff)  # fmt: skip
+            _discard(sess, log)
+        else:
+            _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written",
+                          log, range_diff)  # fmt: skip
+            sess.save()
+        raise SeriesError(
+            f"the rebased series' tests did not pass on {sess.target['version']}"
+            f" ({sess.tests.splitlines()[0]}); nothing was written into {sess.patch_dir}."
+            f" report: {sess.report_path}"
+            + ("\nfix the environment and run CONTINUE=1, or ABORT=1" if sess.keep else "")
+        )
+
+    patch_dir = Path(sess.patch_dir)
+    dropped = [p for p in sess.patches if p.status == DROPPED]
+    outcome = (
+        f"replaced: {len(files)} patches"
+        + (f", {len(dropped)} dropped" if dropped else "")
+        + f", base {manifest.base.project} {manifest.base.version}"
+    )
+    _write_report(sess, "SUCCESS", outcome, log, range_diff, quiet=True)
+    sess.phase = "swapping"
+    sess.save()
+    swap_in(sess.staging, patch_dir, manifest_name)
+    _write_report(sess, "SUCCESS", outcome, log, range_diff)
+    if sess.uses_user_checkout:
+        log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
+            " holds the rebased series")  # fmt: skip
+        sess.user_state = None  # keep the branch: do not restore on cleanup
+    _discard(sess, log)
+    return 0
+
+
+def _range_diff(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str) -> str:
+    """``git range-diff old_base..old_tip new_base..new_tip``.
+
+    git refuses an empty range ("need two commit ranges"): when a side is
+    empty (an empty series, or every patch dropped) the other side's commits
+    are listed in range-diff's own notation instead.
+    """
+    if old_tip != old_base and new_tip != new_base:
+        return g.out(repo, "range-diff", "--no-color", f"{old_base}..{old_tip}",
+                     f"{new_base}..{new_tip}")  # fmt: skip
+    lines = []
+    for side, (base, tip) in (("old", (old_base, old_tip)), ("new", (new_base, new_tip))):
+        log = g.out(repo, "log", "--reverse", "--format=%h %s", f"{base}..{tip}")
+        for n, line in enumerate(log.splitlines(), 1):
+            commit, subject = line.split(" ", 1)
+            if side == "old":
+                lines.append(f"{n}:  {commit} < -:  {'-' * len(commit)} {subject}")
+            else:
+                lines.append(f"-:  {'-' * len(commit)} > {n}:  {commit} {subject}")
+    return "\n".join(lines)
+
+
+def _new_manifest(sess: Session, files: list[Path]) -> manifest_mod.Manifest:
+    manifest = copy.deepcopy(_old_manifest(sess))
+    t = sess.target
+    manifest.base = manifest_mod.Base(
+        project=manifest.base.project,
+        version=t["version"],
+        upstream_commit=t["upstream_commit"],
+        sdist=manifest_mod.Sdist(t["sdist_filename"], t["sha256"]),
+        commit=sess.new_base,
+        touched_files={},
+    )
+    return export_mod.refresh_manifest(manifest, Path(sess.scratch), sess.new_base, files)
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+
+def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tuple[bool, str]:
+    """``seriestest.check_prefixes`` on the staged series; (passed, summary)."""
+    kwargs = {}
+    if sess.kind == "commit":
+        kwargs["base_repo"] = Path(sess.scratch)
+    log(f"running the series' tests on {manifest.base.project} {manifest.base.version} ...")
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
+            rc = seriestest.check_prefixes(manifest, sess.staging, **kwargs)
+    except SeriesError as e:
+        return False, f"could not run: {e}"
+    tail = "\n".join(captured.getvalue().rstrip().splitlines()[-30:])
+    verdict = "passed" if rc == 0 else f"FAILED (exit {rc})"
+    return rc == 0, f"{verdict}: seriestest.check_prefixes\n\n```\n{tail}\n```"
+
+
+# --------------------------------------------------------------------------
+# Report
+
+
+def _write_report(
+    sess: Session,
+    result: str,
+    patches_outcome: str,
+    log: Log,
+    range_diff: str | None = None,
+    quiet: bool = False,
+) -> None:
+    old = _old_manifest(sess).base
+    t = sess.target
+    rows = [
+        ("old", f"{old.project} {old.version}", old.upstream_commit or "-",
+         old.commit[:12] or "-", old.sdist.sha256 or "-"),
+        ("new", f"{old.project} {t.get('version', sess.to)}", t.get("upstream_commit") or "-",
+         sess.new_base[:12] or "-", t.get("sha256") or "-"),
+    ]  # fmt: skip
+    patch_rows = [
+        (i, p.file, p.status, p.how or "-", p.new_file or "-")
+        for i, p in enumerate(sess.patches, 1)
+    ]
+    out = [
+        f"# Rebase onto {old.project} {t.get('version', sess.to)}",
+        "",
+        f"Command: `{sess.command}`",
+        "",
+        f"Result: **{result}**",
+        "",
+        f"{Path(sess.patch_dir).name}/: {patches_outcome}",
+        "",
+        "## Bases",
+        "",
+        "```",
+        table(("", "release", "upstream commit", "base commit", "sdist sha256"), rows),
+        "```",
+        "",
+        "## Patches",
+        "",
+        "```",
+        table(("#", "old patch", "status", "how", "new patch"), patch_rows),
+        "```",
+        "",
+        "Absorbed-upstream check by patch ID: "
+        + (f"searched `{sess.history_range}`" if sess.history_range else
+           "not computable (the bases share no git history; only 3-way emptiness counts)"),
+    ]  # fmt: skip
+    if sess.conflict:
+        out += ["", "## Conflict", "", "```", sess.conflict, "```"]
+        if sess.keep:
+            out += [
+                "",
+                f"The `git am` session is in progress in `{sess.checkout}` (branch"
+                f" `{sess.branch}`). Resolve, `git add`, then `make rebase CONTINUE=1`;"
+                " or `make rebase ABORT=1`.",
+            ]
+    if range_diff is not None:
+        out += [
+            "", "## Range-diff (old series vs new series)", "",
+            f"`git range-diff {sess.old_base[:12]}..{sess.old_tip[:12]}"
+            f" {sess.new_base[:12]}..{(g.rev(Path(sess.scratch), NEW_REF) or '')[:12]}`",
+            "", "```", range_diff or "(empty: both series are empty)", "```",
+        ]  # fmt: skip
+    if sess.tests:
+        out += ["", "## Tests", "", sess.tests]
+    text = "\n".join(out) + "\n"
+    sess.report_path.parent.mkdir(parents=True, exist_ok=True)
+    sess.report_path.write_text(text)
+    if not quiet:
+        log(text)
+        log(f"report written to {sess.report_path}")
+
+
+# --------------------------------------------------------------------------
+# Command line
+
+
+def run(args: argparse.Namespace) -> int:
+    modes = [bool(args.to), args.cont, args.abort]
+    if sum(modes) != 1:
+        raise SeriesError(
+            "give exactly one of: --to <version or commit> (make rebase TO=...),"
+            " --continue (CONTINUE=1), --abort (ABORT=1)"
+        )
+    if args.cont:
+        return resume()
+    if args.abort:
+        return abort()
+    patch_dir = Path(args.patch_dir) if args.patch_dir else manifest_mod.PATCH_DIR
+    manifest_path = Path(args.manifest) if args.manifest else None
+    return start(
+        args.to, Path(args.vllm) if args.vllm else None, args.keep_conflict,
+        args.skip_tests, patch_dir, manifest_path, args.pip_arg,
+    )  # fmt: skip
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("rebase", help="carry the series to another vLLM version or commit")
+    p.add_argument("--to", help="vLLM version (PyPI sdist) or commit/tag (needs --vllm)")
+    p.add_argument(
+        "--vllm",
+        help="checkout containing the commit (and, with --keep-conflict, where a"
+        " conflict is left for resolution)",
+    )
+    p.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="resume after resolving a conflict and `git add`",
+    )
+    p.add_argument("--abort", action="store_true", help="abort and restore the checkout")
+    p.add_argument(
+        "--keep-conflict",
+        action="store_true",
+        help="on a conflict, leave the git am session for manual resolution",
+    )
+    p.add_argument(
+        "--skip-tests",
+        action="store_true",
+        help="do not run the series' tests on the new base (they run by default)",
+    )
+    p.add_argument("--patch-dir", help="patch folder to rebase (default: patches/)")
+    p.add_argument("--manifest", help="its manifest (default: <patch-dir>/series.json)")
+    p.add_argument(
+        "--pip-arg",
+        action="append",
+        default=[],
+        help="extra pip option for fetching sdists, e.g. --pip-arg=--no-index",
+    )
+    p.set_defaults(func=run)

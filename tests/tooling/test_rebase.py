@@ -1,0 +1,704 @@
+"""``rebase`` on throw-away repos: context drift needing the 3-way fallback, a
+conflict (checkout restored exactly; or kept, then continued or aborted), a
+patch absorbed upstream (dropped), failing tests (nothing written), killed runs
+(re-run recovers, ``patches/`` never half-written), and the version path
+through pip and small local sdists."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Repo, snapshot
+from seriestool import base as base_mod
+from seriestool import check_manifest, seriestest
+from seriestool import export as export_mod
+from seriestool import manifest as manifest_mod
+from seriestool import rebase as rebase_mod
+from seriestool.cli import main
+from seriestool.errors import SeriesError
+
+LOADER = "".join(f"line_{n:02d} = {n}\n" for n in range(1, 31))
+
+
+def _edit(text: str, n: int, new: str) -> str:
+    """``text`` with line ``line_NN`` (1-based) replaced by ``new``."""
+    lines = text.splitlines(keepends=True)
+    lines[n - 1] = new + "\n"
+    return "".join(lines)
+
+
+PATCH_1 = _edit(LOADER, 10, "line_10 = 'ten'  # series")
+PATCH_3 = _edit(PATCH_1, 25, "line_25 = 'twenty-five'  # series")
+
+
+@pytest.fixture
+def work_dir(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    monkeypatch.setattr(base_mod, "WORK_DIR", work)
+    return work
+
+
+def _series_on(repo: Repo, base: str, patch_dir: Path, manifest_base: manifest_mod.Base):
+    """Commit the three-patch toy series on ``base`` and export it to ``patch_dir``."""
+    repo.git("checkout", "-q", "-b", "work", base)
+    repo.commit("[Loader] first change\n\nBody of the first patch.", {
+        "pkg/loader.py": PATCH_1,
+        "tests/test_first.py": "def test_first():\n    assert True\n",
+    })  # fmt: skip
+    repo.commit("[Loader] second change", {"pkg/other.py": "VALUE = 2\n\n\n\n\nOTHER = 1\n"})
+    repo.commit("[Loader] third change", {
+        "pkg/loader.py": PATCH_3,
+        "tests/test_third.py": "def test_third():\n    assert True\n",
+    })  # fmt: skip
+    patch_dir.mkdir()
+    manifest = manifest_mod.Manifest(
+        name="toy", version="1", base=manifest_base, patches=[],
+        regression_tests=manifest_mod.RegressionTests(),
+    )  # fmt: skip
+    export_mod.export_series(
+        repo.path, manifest, "work", base, patch_dir=patch_dir,
+        manifest_path=patch_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip
+    repo.git("checkout", "-q", "-")
+    repo.git("branch", "-q", "-D", "work")
+    return manifest
+
+
+@pytest.fixture
+def series(make_repo, tmp_path, work_dir):
+    """Upstream repo (the user's checkout) on ``main`` at the base, and a series.
+
+    Returns (repo, patch_dir).  Upstream branches made by the tests are the
+    new bases, reached with ``--vllm`` (the commit path).
+    """
+    repo = make_repo("upstream", {
+        "pkg/loader.py": LOADER,
+        "pkg/other.py": "VALUE = 1\n\n\n\n\nOTHER = 1\n",
+    })  # fmt: skip
+    base = repo.head()
+    patch_dir = tmp_path / "patches"
+    _series_on(repo, base, patch_dir, manifest_mod.Base(
+        project="toy", version="1.0", upstream_commit=base[:9],
+        sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64),
+        commit=base, touched_files={},
+    ))  # fmt: skip
+    return repo, patch_dir
+
+
+def _upstream(repo: Repo, name: str, files: dict[str, str], message: str = "upstream") -> str:
+    """A new upstream commit on branch ``name`` from ``main``; back on ``main``."""
+    repo.git("checkout", "-q", "-b", name, "main")
+    commit = repo.commit(message, files)
+    repo.git("checkout", "-q", "main")
+    return commit
+
+
+def _rebase(repo: Repo, to: str, patch_dir: Path, **kwargs) -> tuple[int, str]:
+    lines: list[str] = []
+    kwargs.setdefault("skip_tests", True)
+    rc = rebase_mod.start(to, repo.path, patch_dir=patch_dir, log=lines.append, **kwargs)
+    return rc, "\n".join(lines)
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _user_clutter(repo: Repo) -> None:
+    repo.write({"pkg/other.py": "VALUE = 7\n"})
+    repo.git("stash", "push", "-q", "-m", "user stash")
+    repo.write({"notes.txt": "untracked user notes\n"})
+
+
+def _no_session(work: Path) -> None:
+    assert not rebase_mod.state_path().exists()
+    rebase = work / "rebase"
+    leftovers = (
+        [p.relative_to(rebase).as_posix() for p in rebase.rglob("*")] if rebase.exists() else []
+    )
+    assert all(p.count("/") == 0 or p.endswith("report.md") for p in leftovers), leftovers
+
+
+def _apply_check(repo: Repo, commit: str, patch: Path, tmp: Path) -> int:
+    """``git apply --check`` (no 3-way) of ``patch`` on ``commit``, in a probe clone."""
+    import tempfile
+
+    probe = Path(tempfile.mkdtemp(dir=tmp)) / "probe"
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(probe)], check=True)
+    subprocess.run(["git", "-C", str(probe), "checkout", "-q", commit], check=True)
+    proc = subprocess.run(["git", "-C", str(probe), "apply", "--check", str(patch)],
+                          capture_output=True)  # fmt: skip
+    return proc.returncode
+
+
+# --------------------------------------------------------------------------
+# Clean rebase with context drift
+
+
+def test_context_drift_rebases_with_three_way_fallback(series, tmp_path, work_dir):
+    repo, patch_dir = series
+    # Upstream changed line 8: inside the first hunk's context, not adjacent.
+    drift = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    first = patch_dir / "0001-Loader-first-change.patch"
+    assert _apply_check(repo, drift, first, tmp_path) != 0  # plain apply fails
+    _user_clutter(repo)
+    before = snapshot(repo)
+
+    rc, output = _rebase(repo, "drift", patch_dir)
+
+    assert rc == 0
+    assert snapshot(repo) == before  # the user's checkout was only cloned
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert manifest.base.commit == drift
+    assert manifest.base.version == drift[:12]  # git describe --always, no tags
+    assert manifest.base.upstream_commit == drift[:9]
+    assert manifest.base.touched_files["pkg/loader.py"] == repo.git(
+        "rev-parse", f"{drift}:pkg/loader.py"
+    )
+    assert [p.subject for p in manifest.patches] == [
+        "[Loader] first change", "[Loader] second change", "[Loader] third change",
+    ]  # fmt: skip
+    assert check_manifest.problems(manifest, patch_dir) == []
+    assert _apply_check(repo, drift, first, tmp_path) == 0  # refreshed patch applies plainly
+    report = (work_dir / "rebase" / "drift" / "report.md").read_text()
+    assert report.rstrip("\n") in output  # the report is printed too
+    assert "Result: **SUCCESS**" in report
+    row = next(ln for ln in report.splitlines() if "0001-Loader-first-change.patch" in ln)
+    assert "applied" in row and "3-way merge" in row
+    assert "## Range-diff" in report and "git range-diff" in report
+    assert "1:  " in report and " = 1:  " not in report.split("## Range-diff")[0]
+    _no_session(work_dir)
+    # Applied, the new series has both upstream's and the series' change.
+    repo.git("checkout", "-q", "--detach", drift)
+    repo.git("am", "-q", *[str(p) for p in manifest.patch_paths(patch_dir)])
+    text = (repo.path / "pkg/loader.py").read_text()
+    assert "line_08 = 'eight'" in text and "line_10 = 'ten'  # series" in text
+
+
+def test_rebase_export_is_reproducible(series, tmp_path):
+    repo, patch_dir = series
+    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    twin = tmp_path / "twin" / "patches"
+    twin.parent.mkdir()
+    import shutil
+
+    shutil.copytree(patch_dir, twin)
+    repo.git("config", "diff.noprefix", "true")  # user settings must not matter
+    _rebase(repo, "drift", patch_dir)
+    _rebase(repo, "drift", twin)
+    assert _contents(patch_dir) == _contents(twin)
+
+
+# --------------------------------------------------------------------------
+# Conflicts
+
+
+def _conflict_base(repo: Repo) -> str:
+    return _upstream(repo, "conflict", {"pkg/loader.py": _edit(LOADER, 10, "line_10 = 'X'")})
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_conflict_reports_and_leaves_everything_as_it_was(series, work_dir, detached):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    if detached:
+        repo.git("checkout", "-q", "--detach", "HEAD")
+    _user_clutter(repo)
+    before, patches_before = snapshot(repo), _contents(patch_dir)
+
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "conflict", patch_dir)
+
+    message = str(err.value)
+    assert "0001-Loader-first-change.patch conflicts" in message
+    assert "conflict: pkg/loader.py: 1 conflicting hunk(s) at line 10" in message
+    assert "git: error: patch failed: pkg/loader.py:7" in message  # the patch's hunk
+    assert "git: error: Failed to merge in the changes." in message
+    assert "nothing was changed" in message and "KEEP=1" in message
+    assert snapshot(repo) == before
+    assert _contents(patch_dir) == patches_before
+    report = (work_dir / "rebase" / "conflict" / "report.md").read_text()
+    assert "CONFLICT" in report and "## Conflict" in report
+    assert "| " not in report  # plain-text tables in code blocks
+    _no_session(work_dir)
+
+
+def test_keep_conflict_then_continue_after_resolution(series, work_dir):
+    repo, patch_dir = series
+    new_base = _conflict_base(repo)
+    _user_clutter(repo)
+    before, patches_before = snapshot(repo), _contents(patch_dir)
+
+    with pytest.raises(SeriesError, match=r"(?s)left in progress.*CONTINUE=1.*ABORT=1"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+
+    branch = "toy/v1-rebase-onto-conflict"
+    assert repo.git("symbolic-ref", "--short", "HEAD") == branch
+    assert (repo.path / ".git" / "rebase-apply").exists()
+    assert "<<<<<<< " in (repo.path / "pkg/loader.py").read_text()
+    assert rebase_mod.state_path().exists()
+    assert _contents(patch_dir) == patches_before
+    # A new rebase is refused while this one is open.
+    with pytest.raises(SeriesError, match="in progress.*CONTINUE=1.*ABORT=1"):
+        _rebase(repo, "conflict", patch_dir)
+    # Continuing before resolving is refused and changes nothing.
+    with pytest.raises(SeriesError, match="still unmerged.*pkg/loader.py"):
+        rebase_mod.resume(log=lambda *_: None)
+    assert (repo.path / ".git" / "rebase-apply").exists()
+
+    resolved = _edit(_edit(LOADER, 10, "line_10 = 'X'"), 11, "line_11 = 11  # series, resolved")
+    repo.write({"pkg/loader.py": resolved})
+    repo.git("add", "pkg/loader.py")
+    lines: list[str] = []
+    assert rebase_mod.resume(log=lines.append) == 0
+
+    # The user's checkout is back where it was; the rebased branch stays.
+    after = snapshot(repo)
+    assert {k: v for k, v in after.items() if k != "branches"} == {
+        k: v for k, v in before.items() if k != "branches"
+    }
+    assert f"refs/heads/{branch} " in after["branches"]
+    assert repo.git("rev-list", "--count", f"{new_base}..{branch}") == "3"
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert manifest.base.commit == new_base and len(manifest.patches) == 3
+    assert check_manifest.problems(manifest, patch_dir) == []
+    first = (patch_dir / manifest.patches[0].file).read_text()
+    assert "+line_11 = 11  # series, resolved" in first
+    report = "\n".join(lines)
+    assert "resolved by hand" in report and "Result: **SUCCESS**" in report
+    _no_session(work_dir)
+
+
+def test_keep_conflict_then_abort_restores_exactly(series, work_dir):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    repo.git("checkout", "-q", "--detach", "HEAD")
+    _user_clutter(repo)
+    before, patches_before = snapshot(repo), _contents(patch_dir)
+    with pytest.raises(SeriesError):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    assert snapshot(repo) != before
+    repo.write({"pkg/loader.py": "half-way through resolving\n"})
+
+    assert main(["rebase", "--abort"]) == 0
+
+    assert snapshot(repo) == before
+    assert _contents(patch_dir) == patches_before
+    assert not rebase_mod.state_path().exists()
+    with pytest.raises(SeriesError, match="no rebase is in progress"):
+        rebase_mod.abort(log=lambda *_: None)
+
+
+def test_resolution_to_no_change_drops_the_patch(series):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    with pytest.raises(SeriesError):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.git("checkout", "HEAD", "--", "pkg/loader.py")  # keep upstream's side only
+    repo.git("rm", "-q", "--cached", "tests/test_first.py")
+    (repo.path / "tests/test_first.py").unlink()
+    lines: list[str] = []
+    assert rebase_mod.resume(log=lines.append) == 0
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert [p.subject for p in manifest.patches] == [
+        "[Loader] second change", "[Loader] third change",
+    ]  # fmt: skip
+    assert "resolved to no change" in "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Absorbed upstream
+
+
+def test_patch_absorbed_upstream_is_dropped_and_files_renumbered(series, work_dir):
+    repo, patch_dir = series
+    # Upstream made patch 2's change and more in one commit: the patch merges
+    # to no change (its patch ID is not upstream's).
+    _upstream(repo, "absorbed", {"pkg/other.py": "VALUE = 2\n\n\n\n\nOTHER = 2\n"})
+
+    rc, output = _rebase(repo, "absorbed", patch_dir)
+
+    assert rc == 0
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert [(p.file, p.subject) for p in manifest.patches] == [
+        ("0001-Loader-first-change.patch", "[Loader] first change"),
+        ("0002-Loader-third-change.patch", "[Loader] third change"),
+    ]
+    assert sorted(p.name for p in patch_dir.glob("*.patch")) == [
+        "0001-Loader-first-change.patch", "0002-Loader-third-change.patch",
+    ]  # fmt: skip
+    assert "pkg/other.py" not in manifest.base.touched_files
+    assert check_manifest.problems(manifest, patch_dir) == []
+    row = next(ln for ln in output.splitlines() if "0002-Loader-second-change.patch" in ln)
+    assert "dropped" in row and "no change after 3-way merge" in row
+    third = next(ln for ln in output.splitlines() if ln.startswith("3  0003-Loader-third"))
+    assert third.rstrip().endswith("0002-Loader-third-change.patch")
+    assert "2:  " in output and " < -:  ---" in output  # range-diff shows the drop
+
+
+def test_patch_id_found_in_upstream_history_is_dropped(series):
+    repo, patch_dir = series
+    # Upstream picked patch 2 as it is, then went on.
+    repo.git("checkout", "-q", "-b", "picked", "main")
+    repo.git("am", "-q", str(patch_dir / "0002-Loader-second-change.patch"))
+    picked = repo.head()
+    repo.commit("later upstream work", {"pkg/new.py": "NEW = 1\n"})
+    repo.git("checkout", "-q", "main")
+
+    rc, output = _rebase(repo, "picked", patch_dir)
+
+    assert rc == 0
+    row = next(ln for ln in output.splitlines() if "0002-Loader-second-change.patch" in ln)
+    assert f"patch ID is upstream commit {picked[:12]}" in row
+    assert "searched `" in output
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert len(manifest.patches) == 2
+
+
+def test_patch_id_upstream_but_reverted_since_is_not_dropped(series):
+    repo, patch_dir = series
+    repo.git("checkout", "-q", "-b", "reverted", "main")
+    repo.git("am", "-q", str(patch_dir / "0002-Loader-second-change.patch"))
+    repo.git("revert", "--no-edit", "HEAD")
+    repo.git("checkout", "-q", "main")
+    rc, output = _rebase(repo, "reverted", patch_dir)
+    assert rc == 0
+    assert len(manifest_mod.load(patch_dir / "series.json").patches) == 3
+
+
+# --------------------------------------------------------------------------
+# Refusals
+
+
+def test_refusals_name_the_input_and_the_fix(series, work_dir, capsys):
+    repo, patch_dir = series
+    with pytest.raises(SeriesError, match="no commit or tag 'nope'.*drop VLLM="):
+        _rebase(repo, "nope", patch_dir)
+    with pytest.raises(SeriesError, match="not a version.*VLLM=<checkout>"):
+        rebase_mod.start("deadbeef", None, patch_dir=patch_dir, log=lambda *_: None)
+    with pytest.raises(SeriesError, match="already based on"):
+        _rebase(repo, "main", patch_dir)
+    assert main(["rebase"]) == 1
+    assert main(["rebase", "--to", "drift", "--continue"]) == 1
+    assert "give exactly one of" in capsys.readouterr().err
+    with pytest.raises(SeriesError, match="no rebase is in progress"):
+        rebase_mod.resume(log=lambda *_: None)
+    # A tampered series is refused before anything starts.
+    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    first = patch_dir / "0001-Loader-first-change.patch"
+    first.write_text(first.read_text().replace("'ten'", "'TEN'"))
+    with pytest.raises(SeriesError, match="(?s)disagrees with series.json.*0001-Loader-first"):
+        _rebase(repo, "drift", patch_dir)
+    _no_session(work_dir)
+
+
+def test_keep_conflict_refuses_a_dirty_checkout(series):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    repo.write({"pkg/other.py": "dirty\n"})
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="uncommitted changes"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    assert snapshot(repo) == before
+
+
+# --------------------------------------------------------------------------
+# Tests on the new base
+
+
+def _fake_tests(monkeypatch, rc: int, calls: list):
+    def check_prefixes(manifest, patch_dir, base_repo=None):
+        base = rebase_mod.g.rev(base_repo, "base") if base_repo else None
+        calls.append((manifest, sorted(p.name for p in Path(patch_dir).iterdir()), base))
+        print("fake series tests: " + ("1 passed" if rc == 0 else "1 failed"))
+        return rc
+
+    monkeypatch.setattr(seriestest, "check_prefixes", check_prefixes)
+
+
+def test_tests_run_by_default_on_the_staged_series(series, monkeypatch):
+    repo, patch_dir = series
+    drift = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    calls: list = []
+    _fake_tests(monkeypatch, 0, calls)
+    rc, output = _rebase(repo, "drift", patch_dir, skip_tests=False)
+    assert rc == 0
+    [(manifest, staged, base_in_repo)] = calls
+    assert manifest.base.commit == drift == base_in_repo
+    assert staged == sorted(p.name for p in patch_dir.iterdir())
+    assert "## Tests" in output and "passed" in output and "fake series tests" in output
+
+
+def test_failing_tests_write_nothing_into_patches(series, monkeypatch, work_dir):
+    repo, patch_dir = series
+    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    _fake_tests(monkeypatch, 1, [])
+    patches_before = _contents(patch_dir)
+    with pytest.raises(SeriesError, match="tests did not pass.*FAILED.*nothing was written"):
+        _rebase(repo, "drift", patch_dir, skip_tests=False)
+    assert _contents(patch_dir) == patches_before
+    report = (work_dir / "rebase" / "drift" / "report.md").read_text()
+    assert "TESTS FAILED" in report and "unchanged: nothing written" in report
+    assert "fake series tests: 1 failed" in report
+    _no_session(work_dir)
+    assert not list(patch_dir.parent.glob("patches.rebase-*"))
+
+
+def test_commit_base_without_base_repo_support_refuses_tests(series, monkeypatch):
+    repo, patch_dir = series
+    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    monkeypatch.setattr(seriestest, "check_prefixes", lambda manifest, patch_dir: 0)
+    patches_before = _contents(patch_dir)
+    with pytest.raises(SeriesError, match="tests did not pass.*not run: .*--skip-tests"):
+        _rebase(repo, "drift", patch_dir, skip_tests=False)
+    assert _contents(patch_dir) == patches_before
+
+
+# --------------------------------------------------------------------------
+# Interrupted runs
+
+
+_KILLER = """
+import os, pathlib, signal, sys
+sys.path.insert(0, {scripts!r})
+from seriestool import rebase, seriestest
+where = {where!r}
+if where == "tests":
+    def check_prefixes(manifest, patch_dir, base_repo=None):
+        os.kill(os.getpid(), signal.SIGKILL)
+    seriestest.check_prefixes = check_prefixes
+else:
+    real_rename = pathlib.Path.rename
+    def rename(self, target):
+        result = real_rename(self, target)
+        if pathlib.Path(target).name.endswith(".rebase-old"):
+            os.kill(os.getpid(), signal.SIGKILL)  # between the two renames
+        return result
+    pathlib.Path.rename = rename
+rebase.start({to!r}, pathlib.Path({vllm!r}), skip_tests=where != "tests",
+             patch_dir=pathlib.Path({patch_dir!r}))
+"""
+
+
+def _killed_run(repo: Repo, patch_dir: Path, work_dir: Path, where: str) -> None:
+    script = _KILLER.format(scripts=str(ROOT / "scripts"), where=where, to="drift",
+                            vllm=str(repo.path), patch_dir=str(patch_dir))  # fmt: skip
+    env = dict(os.environ, SERIES_WORK_DIR=str(work_dir))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.returncode == -9, proc.stderr
+
+
+def test_killed_during_tests_leaves_patches_and_rerun_recovers(series, work_dir):
+    repo, patch_dir = series
+    drift = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    patches_before = _contents(patch_dir)
+    _killed_run(repo, patch_dir, work_dir, "tests")
+    assert _contents(patch_dir) == patches_before
+    assert rebase_mod.state_path().exists()  # the killed run could not clean up
+    assert (work_dir / "rebase" / "drift" / "staging").exists()
+
+    rc, output = _rebase(repo, "drift", patch_dir)
+
+    assert rc == 0
+    assert "discarding the scratch work of an interrupted rebase to drift" in output
+    assert manifest_mod.load(patch_dir / "series.json").base.commit == drift
+    _no_session(work_dir)
+
+
+def test_killed_between_the_swap_renames_is_finished_by_the_rerun(series, work_dir):
+    repo, patch_dir = series
+    drift = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    (patch_dir / "README").write_text("kept across the swap\n")
+    _killed_run(repo, patch_dir, work_dir, "swap")
+    assert not patch_dir.exists()  # killed exactly between the renames
+    assert (patch_dir.parent / "patches.rebase-new").is_dir()
+    assert (patch_dir.parent / "patches.rebase-old").is_dir()
+
+    # Any rebase invocation finishes the swap first; here, one that then refuses.
+    with pytest.raises(SeriesError, match="already based on"):
+        _rebase(repo, "drift", patch_dir)
+
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert manifest.base.commit == drift
+    assert check_manifest.problems(manifest, patch_dir) == []
+    assert (patch_dir / "README").read_text() == "kept across the swap\n"
+    assert not list(patch_dir.parent.glob("patches.rebase-*"))
+    _no_session(work_dir)
+
+
+def test_recover_swap_discards_a_partial_copy_and_refuses_ambiguity(tmp_path):
+    patch_dir = tmp_path / "patches"
+    patch_dir.mkdir()
+    (patch_dir / "0001-a.patch").write_text("old\n")
+    partial = tmp_path / "patches.rebase-new.partial"
+    partial.mkdir()
+    (partial / "0001-a.patch").write_text("half")
+    lines: list[str] = []
+    rebase_mod.recover_swap(patch_dir, lines.append)
+    assert not partial.exists() and (patch_dir / "0001-a.patch").read_text() == "old\n"
+    assert "was not touched" in lines[0]
+    (tmp_path / "patches.rebase-new").mkdir()
+    (tmp_path / "patches.rebase-old").mkdir()
+    with pytest.raises(SeriesError, match="all exist.*delete the other two"):
+        rebase_mod.recover_swap(patch_dir, lines.append)
+
+
+def test_killed_keep_conflict_session_in_a_checkout_refuses_until_aborted(series, work_dir):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    # Make it look like a process that died while applying.
+    sess = rebase_mod.Session.load()
+    sess.phase, sess.pid = "running", 2**22 + 12345
+    sess.save()
+    with pytest.raises(SeriesError, match="interrupted while working in"):
+        _rebase(repo, "conflict", patch_dir)
+    with pytest.raises(SeriesError, match="interrupted, not stopped at a conflict.*ABORT=1"):
+        rebase_mod.resume(log=lambda *_: None)
+    assert rebase_mod.abort(log=lambda *_: None) == 0
+    assert snapshot(repo) == before
+
+
+# --------------------------------------------------------------------------
+# The version path: bases materialised from sdists with pip
+
+
+def _sdist(index: Path, version: str, loader: str, commit_id: str) -> str:
+    """A toy ``toyvllm`` sdist pip can prepare; returns its sha256."""
+    index.mkdir(exist_ok=True)
+    top = f"toyvllm-{version}"
+    files = {
+        "pyproject.toml": (
+            '[build-system]\nrequires = ["setuptools"]\n'
+            'build-backend = "setuptools.build_meta"\n\n'
+            f'[project]\nname = "toyvllm"\nversion = "{version}"\n'
+            '[tool.setuptools]\npackages = ["vllm"]\n'
+        ),
+        "vllm/_version.py": f"__version__ = '{version}'\ncommit_id = 'g{commit_id}'\n",
+        "vllm/__init__.py": "",
+        "pkg/loader.py": loader,
+        "pkg/other.py": "VALUE = 1\n\n\n\n\nOTHER = 1\n",
+    }
+    path = index / f"{top}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{rel}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def sdist_series(tmp_path, work_dir):
+    """Series on toyvllm 1.0 materialised from its sdist; 2.0 drifts, 3.0 conflicts."""
+    index = tmp_path / "index"
+    sha1 = _sdist(index, "1.0", LOADER, "111111111")
+    _sdist(index, "2.0", _edit(LOADER, 8, "line_08 = 'eight'"), "222222222")
+    _sdist(index, "3.0", _edit(LOADER, 10, "line_10 = 'X'"), "333333333")
+    pip_args = ["--no-index", "--find-links", str(index)]
+    bare, commit, _ = base_mod.materialise("toyvllm", "1.0", sha1, pip_args=pip_args,
+                                           log=lambda *_: None)  # fmt: skip
+    repo = Repo(base_mod.clone(bare, tmp_path / "series-work"))
+    patch_dir = tmp_path / "patches"
+    _series_on(repo, commit, patch_dir, manifest_mod.Base(
+        project="toyvllm", version="1.0", upstream_commit="111111111",
+        sdist=manifest_mod.Sdist("toyvllm-1.0.tar.gz", sha1), commit=commit,
+        touched_files={},
+    ))  # fmt: skip
+    return patch_dir, pip_args, index
+
+
+def test_version_rebase_materialises_the_sdist_and_updates_the_manifest(
+    sdist_series, work_dir, capsys
+):
+    patch_dir, pip_args, index = sdist_series
+    args = ["rebase", "--to", "v2.0", "--skip-tests", "--patch-dir", str(patch_dir)]
+    assert main(args + [f"--pip-arg={a}" for a in pip_args]) == 0
+
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    bare = base_mod.base_repo_path("toyvllm", "2.0")
+    assert manifest.base.version == "2.0"
+    assert manifest.base.upstream_commit == "222222222"
+    assert manifest.base.sdist.filename == "toyvllm-2.0.tar.gz"
+    assert (
+        manifest.base.sdist.sha256
+        == hashlib.sha256((work_dir / "sdist" / "toyvllm-2.0.tar.gz").read_bytes()).hexdigest()
+    )
+    assert manifest.base.commit == rebase_mod.g.rev(bare, "base")
+    assert manifest.base.touched_files["pkg/loader.py"] == rebase_mod.g.out(
+        bare, "rev-parse", "base:pkg/loader.py"
+    )
+    assert check_manifest.problems(manifest, patch_dir) == []
+    out = capsys.readouterr().out
+    assert "# Rebase onto toyvllm 2.0" in out and "3-way merge" in out
+    assert "not computable (the bases share no git history" in out
+    _no_session(work_dir)
+
+
+def test_version_keep_conflict_works_in_work_rebase_and_continues(sdist_series, work_dir):
+    patch_dir, pip_args, _index = sdist_series
+    with pytest.raises(SeriesError, match="left in progress in .*rebase/3.0/vllm"):
+        rebase_mod.start("3.0", None, keep_conflict=True, skip_tests=True, patch_dir=patch_dir,
+                         pip_args=pip_args, log=lambda *_: None)  # fmt: skip
+    checkout = Repo(work_dir / "rebase" / "3.0" / "vllm")
+    checkout.write({"pkg/loader.py": _edit(LOADER, 10, "line_10 = 'X'  # series")})
+    checkout.git("add", "pkg/loader.py")
+    assert main(["rebase", "--continue"]) == 0
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert manifest.base.version == "3.0" and len(manifest.patches) == 3
+    assert check_manifest.problems(manifest, patch_dir) == []
+    _no_session(work_dir)
+
+
+def test_range_diff_with_an_empty_side_lists_the_other(series):
+    repo, patch_dir = series
+    base = repo.head()
+    repo.git("checkout", "-q", "-b", "applied")
+    repo.git("am", "-q", "--keep-non-patch", *[str(p) for p in sorted(patch_dir.glob("*.patch"))])
+    tip = repo.head()
+    text = rebase_mod._range_diff(repo.path, base, tip, base, base)
+    assert text.splitlines()[0].startswith("1:  ") and " < -:  ---" in text
+    assert text.splitlines()[2].endswith("[Loader] third change")
+    text = rebase_mod._range_diff(repo.path, base, base, base, tip)
+    assert text.splitlines()[1].startswith("-:  ") and " > 2:  " in text
+
+
+def test_checkout_without_the_old_base_gets_its_blobs_for_three_way(
+    sdist_series, make_repo, work_dir
+):
+    """A real vLLM checkout does not hold the sdist-imported old base: the old
+    base comes from the sdist cache, and its pre-image blobs are copied into the
+    checkout (as unreferenced objects) so ``git am --3way`` can merge there."""
+    patch_dir, pip_args, _index = sdist_series
+    user = make_repo("user-vllm", {
+        "pkg/loader.py": _edit(LOADER, 10, "line_10 = 'X'"),
+        "pkg/other.py": "VALUE = 1\n\n\n\n\nOTHER = 1\n",
+    })  # fmt: skip
+    preimage = user.git("hash-object", "--stdin", input=LOADER)
+
+    def has_object(oid: str) -> bool:
+        cmd = ["git", "-C", str(user.path), "cat-file", "-e", oid]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+
+    assert not has_object(preimage)
+    _user_clutter(user)
+    before = snapshot(user)
+    with pytest.raises(SeriesError, match="left in progress"):
+        rebase_mod.start("main", user.path, keep_conflict=True, skip_tests=True,
+                         patch_dir=patch_dir, pip_args=pip_args, log=lambda *_: None)  # fmt: skip
+    text = (user.path / "pkg/loader.py").read_text()
+    assert "<<<<<<< " in text and "line_10 = 'ten'  # series" in text  # a real 3-way merge
+    assert has_object(preimage)
+    assert rebase_mod.abort(log=lambda *_: None) == 0
+    assert snapshot(user) == before
