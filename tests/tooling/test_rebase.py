@@ -451,14 +451,19 @@ def test_failing_tests_write_nothing_into_patches(series, monkeypatch, work_dir)
     assert not list(patch_dir.parent.glob("patches.rebase-*"))
 
 
-def test_commit_base_without_base_repo_support_refuses_tests(series, monkeypatch):
+def test_commit_base_tests_run_on_the_new_base(series, monkeypatch):
     repo, patch_dir = series
-    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
-    monkeypatch.setattr(seriestest, "check_prefixes", lambda manifest, patch_dir: 0)
-    patches_before = _contents(patch_dir)
-    with pytest.raises(SeriesError, match="tests did not pass.*not run: .*--skip-tests"):
-        _rebase(repo, "drift", patch_dir, skip_tests=False)
-    assert _contents(patch_dir) == patches_before
+    drift = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    seen = {}
+
+    def check_prefixes(manifest, patch_dir, base_repo=None):
+        # A commit target has no sdist: the tests must use the rebased base.
+        seen["base"] = Repo(base_repo).git("rev-parse", "base")
+        return 0
+
+    monkeypatch.setattr(seriestest, "check_prefixes", check_prefixes)
+    _rebase(repo, "drift", patch_dir, skip_tests=False)
+    assert seen["base"] == drift
 
 
 # --------------------------------------------------------------------------
