@@ -79,10 +79,13 @@ def files_touched(repo: Path, patch: Path) -> list[str]:
 
     ``git apply --numstat`` names each file's post-image path; applied in
     reverse (``-R``) it names the pre-image path, so a rename contributes both.
+    It runs at the top of ``repo``'s work tree: from a subdirectory, git apply
+    would ignore every path outside it.
     """
+    cwd = g.toplevel(repo) if g.is_repo(repo) else repo
     paths: set[str] = set()
     for reverse in ([], ["-R"]):
-        numstat = g.out(repo, "apply", *reverse, "--numstat", "-z", str(patch))
+        numstat = g.out(cwd, "apply", *reverse, "--numstat", "-z", str(patch.resolve()))
         for entry in numstat.split("\0"):
             if entry:
                 paths.add(entry.split("\t", 2)[2])

@@ -135,3 +135,15 @@ def test_files_touched_follows_git_for_renames(make_repo):
     patch = repo.path.parent / "rename.patch"
     patch.write_text(text + "\n")
     assert patchset.files_touched(repo.path, patch) == ["a.py", "b.py"]
+
+
+def test_check_manifest_from_a_patch_folder_inside_a_repository(toy_series, make_repo):
+    # git apply ignores paths outside the current directory when run in a
+    # subdirectory of a repository: the product's patches/ is exactly that.
+    _repo, manifest, patch_dir = toy_series
+    project = make_repo("project")
+    inside = project.path / "patches"
+    inside.mkdir()
+    for f in patch_dir.iterdir():
+        (inside / f.name).write_bytes(f.read_bytes())
+    assert check_manifest.problems(manifest, inside) == []
