@@ -312,7 +312,9 @@ def run_pytest(
         "-m",
         "pytest",
         "--noconftest",
-        "-rs",
+        # -rsP: skip reasons, and what passing tests printed (e.g. the peak
+        # GPU memory figures the 0005 test prints side by side).
+        "-rsP",
         "-v",
         "-p",
         "no:cacheprovider",
