@@ -40,14 +40,7 @@ def default_checkout() -> Path:
 
 def ensure_default_checkout(manifest: manifest_mod.Manifest, log=print) -> Path:
     """Materialise the pinned base (cached) and clone it to ``work/vllm`` once."""
-    repo, _commit, _sha = base_mod.materialise(
-        manifest.base.project,
-        manifest.base.version,
-        manifest.base.sdist.sha256,
-        upstream_commit=manifest.base.upstream_commit,
-        expected_commit=manifest.base.commit or None,
-        log=log,
-    )
+    repo, _commit, _sha = base_mod.materialise_pinned(manifest, log=log)
     checkout = default_checkout()
     if not checkout.exists():
         base_mod.clone(repo, checkout)

@@ -253,6 +253,22 @@ def materialise(
     return repo, commit, digest
 
 
+def materialise_pinned(manifest, pip_args: Sequence[str] = (), log=print) -> tuple[Path, str, str]:
+    """``materialise`` the base a manifest pins (version, sdist hash, commits).
+
+    Args:
+        manifest: a ``manifest.Manifest``.
+
+    Returns:
+        (bare repo, base commit id, sdist sha256), as ``materialise``.
+    """
+    b = manifest.base
+    return materialise(
+        b.project, b.version, b.sdist.sha256, upstream_commit=b.upstream_commit,
+        expected_commit=b.commit or None, pip_args=pip_args, log=log,
+    )  # fmt: skip
+
+
 def _check_commit(commit: str, expected: str | None, source) -> None:
     if expected and commit != expected:
         raise SeriesError(

@@ -461,14 +461,7 @@ def build_bundle(
     log=print,
 ) -> dict:
     """Write the whole bundle into ``out_dir`` (replacing it); returns bundle.json."""
-    repo, commit, sha = base_mod.materialise(
-        manifest.base.project,
-        manifest.base.version,
-        manifest.base.sdist.sha256,
-        upstream_commit=manifest.base.upstream_commit,
-        expected_commit=manifest.base.commit or None,
-        log=log,
-    )
+    repo, commit, sha = base_mod.materialise_pinned(manifest, log=log)
     wheels = fetch_wheels(log=log)
     check_wheels(wheels)
 

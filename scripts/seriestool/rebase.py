@@ -594,10 +594,7 @@ def _old_base(
             f"the series' base commit {mb.commit} is not in the checkout and the manifest"
             " names no sdist to rebuild it from; pass VLLM= a checkout that contains it"
         )
-    repo, commit, _sha = base_mod.materialise(
-        mb.project, mb.version, mb.sdist.sha256, upstream_commit=mb.upstream_commit,
-        expected_commit=mb.commit or None, pip_args=pip_args, log=log,
-    )  # fmt: skip
+    repo, commit, _sha = base_mod.materialise_pinned(manifest, pip_args=pip_args, log=log)
     _add_alternate(scratch, repo)
     g.git(scratch, "update-ref", "refs/series/old-base", commit)
     return commit

@@ -93,13 +93,7 @@ def check_prefixes(
     if base_repo is not None:
         repo = base_repo
     else:
-        repo, _commit, _sha = base_mod.materialise(
-            manifest.base.project,
-            manifest.base.version,
-            manifest.base.sdist.sha256,
-            upstream_commit=manifest.base.upstream_commit,
-            expected_commit=manifest.base.commit,
-        )
+        repo, _commit, _sha = base_mod.materialise_pinned(manifest)
     patches = manifest.patch_paths(patch_dir)
     scratch_root = base_mod.WORK_DIR / "test-series"
     rows = []

@@ -21,6 +21,27 @@ IDENTITY = {
 }
 
 
+def write_sdist(path: Path, top: str, files: dict[str, str], mode: int = 0o644) -> str:
+    """Write a tar.gz sdist with ``files`` under ``top/``; returns its sha256.
+
+    ``*.sh`` files are executable; every other file gets ``mode``.  Fixed
+    mtimes keep the archive (and so its hash) reproducible.
+    """
+    import hashlib
+    import io
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{rel}")
+            info.size, info.mtime = len(data), 0
+            info.mode = 0o755 if rel.endswith(".sh") else mode
+            tar.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 class Repo:
     """A throw-away repository with helpers to write files and commit."""
 

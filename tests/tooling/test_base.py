@@ -3,11 +3,11 @@ behind, the base commit id is reproducible, and the cache is reused."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 
 import pytest
+from conftest import write_sdist
 from seriestool import base as base_mod
 from seriestool import git as g
 from seriestool.errors import SeriesError
@@ -32,15 +32,7 @@ def _fake_sdist(folder, project="toyvllm", version="9.9.9", mode=0o644):
         "tools/run.sh": "#!/bin/sh\n",
     }
     path = folder / f"{project}-{version}.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{top}/{rel}")
-            info.size = len(data)
-            info.mode = 0o755 if rel.endswith(".sh") else mode
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+    return path, write_sdist(path, top, files, mode)
 
 
 @pytest.fixture

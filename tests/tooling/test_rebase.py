@@ -7,15 +7,13 @@ through pip and small local sdists."""
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Repo, snapshot
+from conftest import ROOT, Repo, snapshot, write_sdist
 from seriestool import base as base_mod
 from seriestool import check_manifest, seriestest
 from seriestool import export as export_mod
@@ -594,14 +592,7 @@ def _sdist(index: Path, version: str, loader: str, commit_id: str) -> str:
         "pkg/loader.py": loader,
         "pkg/other.py": "VALUE = 1\n\n\n\n\nOTHER = 1\n",
     }
-    path = index / f"{top}.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{top}/{rel}")
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return write_sdist(index / f"{top}.tar.gz", top, files)
 
 
 @pytest.fixture
