@@ -23,7 +23,7 @@ opt = $(if $(2),$(1) $(2))
 	test-series lint device-bundle
 
 venv:
-	python3 scripts/bootstrap_venv.py
+	@python3 scripts/bootstrap_venv.py
 
 base: venv
 	$(SERIES) base
@@ -37,8 +37,9 @@ export: venv
 check-manifest:
 	@PYTHONPATH=scripts python3 -m seriestool check-manifest
 
+# Silent recipe: with JSON=1, stdout is the report alone.
 check: venv
-	$(SERIES) check $(call opt,--consolidated,$(CONSOLIDATED)) $(call opt,--vllm,$(VLLM)) \
+	@$(SERIES) check $(call opt,--consolidated,$(CONSOLIDATED)) $(call opt,--vllm,$(VLLM)) \
 		$(call opt,--base,$(BASE)) $(if $(JSON),--json) $(ARGS)
 
 rebase: venv
@@ -46,7 +47,7 @@ rebase: venv
 		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(KEEP),--keep-conflict) \
 		$(if $(NOTEST),--skip-tests)
 
-test: venv check-manifest test-tooling test-series
+test: venv check-manifest lint test-tooling test-series
 
 test-tooling: venv
 	$(PY) -m pytest tests/tooling

@@ -28,18 +28,21 @@ def pip_install(args: list[str], stamp_name: str, inputs: str) -> None:
     stamp = VENV / stamp_name
     digest = hashlib.sha256((sys.version + inputs).encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == digest:
-        print(f"venv {stamp_name}: up to date")
+        print(f"venv {stamp_name}: up to date", file=sys.stderr)
         return
+    # Progress goes to stderr: targets such as `make check JSON=1` keep a
+    # clean stdout.
     subprocess.run(
         [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
         check=True,
+        stdout=sys.stderr,
     )
     stamp.write_text(digest)
 
 
 def main() -> int:
     if not PY.exists():
-        print(f"creating {VENV}")
+        print(f"creating {VENV}", file=sys.stderr)
         venv.create(VENV, with_pip=True)
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
     pip_install(dev, "series-stage1", "\n".join(dev))
@@ -47,7 +50,10 @@ def main() -> int:
     req = VENV / "series-stage2-requirements.txt"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     subprocess.run(
-        [str(PY), "-m", "seriestool", "base", "--requirements", str(req)], check=True, env=env
+        [str(PY), "-m", "seriestool", "base", "--requirements", str(req)],
+        check=True,
+        env=env,
+        stdout=sys.stderr,
     )
     pip_install(["-r", str(req)], "series-stage2", req.read_text())
     return 0

@@ -2,6 +2,8 @@
 
 Order of checks, each a refusal that changes nothing:
 
+0. the patch files agree with the manifest (``check-manifest``): a patch edited
+   by hand would otherwise be applied as if it were the series;
 1. the checkout has no am/rebase/merge/cherry-pick in progress and no staged or
    unstaged changes to tracked files (untracked files are left alone);
 2. the series is not already there (detected by stable patch ID, not by branch
@@ -11,8 +13,11 @@ Order of checks, each a refusal that changes nothing:
 
 Then a new branch named after the series version and base is created and the
 patches are applied with ``git am --3way``, one commit per patch with its own
-message and author.  If a patch fails, the am session is aborted and the
-original branch (or detached HEAD), index and work tree are restored exactly.
+message and author.  The commit the series starts from is recorded in the
+branch's git config (``branch.<name>.seriesBase``), so ``export`` knows where
+the series begins even on a checkout with local commits below it.  If a patch
+fails, the am session is aborted and the original branch (or detached HEAD),
+index and work tree are restored exactly.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ import argparse
 from pathlib import Path
 
 from . import base as base_mod
+from . import check_manifest, patchset
 from . import git as g
 from . import manifest as manifest_mod
-from . import patchset
 from .errors import SeriesError
 from .report import table
+
+# Branch config key recording where an applied series starts (read by export).
+SERIES_BASE_KEY = "seriesBase"
 
 # How far back HEAD's history is searched for the series' patch IDs.  Only
 # commits touching series files count, so this reaches past any realistic
@@ -93,18 +101,25 @@ def base_mismatches(repo: Path, manifest: manifest_mod.Manifest) -> list[str]:
     return differ
 
 
-def _failure_detail(repo: Path, am_error: str) -> str:
-    """Which patch failed and where, from git's own am state and messages."""
+def _failure_detail(repo: Path, am_error: str, patches: list[Path]) -> str:
+    """Which patch failed and where: git's am state, conflicts and own messages."""
     gdir = g.git_dir(repo)
     lines = []
     msgnum = gdir / "rebase-apply" / "next"
     if msgnum.exists():
-        lines.append(f"failing patch: number {int(msgnum.read_text())} of the series")
+        number = int(msgnum.read_text())
+        name = patches[number - 1].name if 0 < number <= len(patches) else "?"
+        lines.append(f"failing patch: number {number} of the series ({name})")
     conflicted = g.out(repo, "diff", "--name-only", "--diff-filter=U")
     if conflicted:
         lines.append("conflicted files: " + ", ".join(conflicted.splitlines()))
-    for line in am_error.splitlines():
-        if line.startswith(("error:", "CONFLICT", "Patch failed", "Applying:")):
+    # git's own explanation (patch failed: FILE:LINE, untracked files in the
+    # way, ...), without the hints about `git am --continue` that do not apply.
+    message = am_error.split(": ", 1)[1] if am_error.startswith("git ") else am_error
+    for line in message.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("hint:", "When you have resolved", "If you prefer",
+                                         "To restore the original", "Use 'git am")):  # fmt: skip
             lines.append(line)
     return "\n  ".join(lines)
 
@@ -124,7 +139,17 @@ def apply_series(
         SeriesError: a refusal or a failed patch; the checkout is unchanged.
     """
     if not g.is_repo(repo):
-        raise SeriesError(f"{repo} is not a git checkout; pass VLLM=/path/to/vllm")
+        raise SeriesError(
+            f"{repo} is not a git checkout: VLLM= must name the top of a vLLM git checkout"
+        )
+    problems = check_manifest.problems(manifest, patch_dir)
+    if problems:
+        raise SeriesError(
+            "the patch files disagree with the manifest; not applying them:\n  "
+            + "\n  ".join(problems)
+            + "\nRestore the patches (`git checkout -- patches/`) or, if the change is"
+            " intended, re-export the series (`make export`)"
+        )
     repo = g.toplevel(repo)
     refuse_unsafe_state(repo)
 
@@ -164,9 +189,10 @@ def apply_series(
     start = state.head
     try:
         g.git(repo, "checkout", "-q", "-b", branch)
+        g.git(repo, "config", f"branch.{branch}.{SERIES_BASE_KEY}", start)
         patchset.am(repo, manifest.patch_paths(patch_dir))
     except SeriesError as e:
-        detail = _failure_detail(repo, str(e))
+        detail = _failure_detail(repo, str(e), manifest.patch_paths(patch_dir))
         if g.operation_in_progress(repo):
             g.git(repo, "am", "--abort", check=False)
         state.restore()

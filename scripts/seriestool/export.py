@@ -8,6 +8,12 @@ version footer), ``--full-index`` (full blob ids on ``index`` lines, so
 (adding a patch does not rewrite every other file) and pinned diff settings
 (see ``git._PINNED_CONFIG``).  Export also refreshes the manifest: the patch
 list, subjects, stable patch IDs and the base blob id of every touched file.
+
+Refusals, each changing nothing: an empty range (it would delete the series),
+a merge in the range, uncommitted changes under ``patches/`` (they would be
+overwritten), and a commit message that would not survive ``git am`` (git's
+``mailinfo`` ends a message at a line ``---``, so a Markdown-style underline
+would silently cut the rest of the message on the next apply).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path
 from . import git as g
 from . import manifest as manifest_mod
 from . import patchset
-from .apply import default_checkout
+from .apply import SERIES_BASE_KEY, default_checkout
 from .errors import SeriesError
 
 
@@ -41,7 +47,35 @@ def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]
         "--no-numbered", "--no-cover-letter", "--no-thread", "--encode-email-headers",
         "-o", str(out_dir), f"{base}..{tip}",
     )  # fmt: skip
-    return [Path(line) for line in listing.splitlines() if line]
+    files = [Path(line) for line in listing.splitlines() if line]
+    commits = g.out(repo, "rev-list", "--reverse", f"{base}..{tip}").split()
+    for commit, patch in zip(commits, files, strict=True):
+        _check_message_survives_am(repo, commit, patch)
+    return files
+
+
+def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
+    """Refuse a commit whose message ``git am`` would not reproduce.
+
+    Compares the commit's body with what ``git mailinfo`` (the parser behind
+    ``git am``) extracts from the patch file.
+
+    Raises:
+        SeriesError: naming the commit and the line where the message is cut.
+    """
+    body = g.out(repo, "log", "-1", "--format=%b", commit).strip()
+    with tempfile.TemporaryDirectory(prefix="mailinfo-") as tmp:
+        msg, rest = Path(tmp) / "msg", Path(tmp) / "patch"
+        g.git(repo, "mailinfo", "-b", str(msg), str(rest), input=patch.read_text())
+        parsed = msg.read_text().strip()
+    if parsed != body:
+        cut = body[len(parsed) :].strip().splitlines()[:1] if body.startswith(parsed) else []
+        where = f" at the line {cut[0]!r}" if cut else ""
+        raise SeriesError(
+            f"the message of commit {commit[:12]} ({patch.name}) would be cut by git am"
+            f"{where}: git ends a message at a line `---`; reword it (e.g. headings"
+            " without a `---` underline) and export again"
+        )
 
 
 def refresh_manifest(
@@ -61,9 +95,16 @@ def refresh_manifest(
     return manifest
 
 
-def resolve_base(repo: Path, manifest: manifest_mod.Manifest, base: str | None) -> str:
-    """The base commit in ``repo``: given, the materialised one, or upstream's."""
-    candidates = [base] if base else [manifest.base.commit, manifest.base.upstream_commit]
+def resolve_base(
+    repo: Path, manifest: manifest_mod.Manifest, base: str | None, branch: str | None = None
+) -> str:
+    """The base commit in ``repo``: given; where ``apply`` started ``branch``
+    (``branch.<name>.seriesBase``); the materialised base; or upstream's."""
+    recorded = None
+    if branch:
+        proc = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
+        recorded = proc.stdout.strip() or None
+    candidates = [base] if base else [recorded, manifest.base.commit, manifest.base.upstream_commit]
     for ref in candidates:
         if ref and (commit := g.rev(repo, ref)):
             return commit
@@ -92,7 +133,13 @@ def export_series(
     """
     if not g.rev(repo, branch):
         raise SeriesError(f"{repo} has no branch or commit {branch!r}; pass BRANCH=<name>")
-    base_commit = resolve_base(repo, manifest, base)
+    base_commit = resolve_base(repo, manifest, base, branch)
+    if not g.out(repo, "rev-list", "--max-count=1", f"{base_commit}..{branch}"):
+        raise SeriesError(
+            f"{branch} has no commits on top of the base {base_commit[:12]}: exporting it"
+            " would delete the series; pass BRANCH=<the series branch> (and BASE=)"
+        )
+    _refuse_uncommitted_patches(patch_dir)
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         files = format_patches(repo, base_commit, branch, Path(tmp))
         refresh_manifest(manifest, repo, base_commit, files)
@@ -104,6 +151,19 @@ def export_series(
     manifest.save(manifest_path)
     log(f"exported {len(files)} patches from {branch} ({base_commit[:12]}..) to {patch_dir}")
     return [patch_dir / f.name for f in files]
+
+
+def _refuse_uncommitted_patches(patch_dir: Path) -> None:
+    """Refuse to overwrite uncommitted changes to the patch folder."""
+    if not patch_dir.exists() or not g.is_repo(patch_dir):
+        return
+    status = g.out(patch_dir, "status", "--porcelain=v1", "--untracked-files=all", "--", ".")
+    if status:
+        raise SeriesError(
+            f"{patch_dir} has uncommitted changes that export would overwrite:\n  "
+            + "\n  ".join(status.splitlines()[:10])
+            + "\ncommit or discard them (`git checkout -- patches/`) and run again"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,7 +2,10 @@
 
 For each prefix 1..n of the series: clone the materialised base into a scratch
 checkout, ``git am --3way`` the prefix, and run with pytest the vLLM test files
-that the prefix's patches add or change.  On the full series, the manifest's
+that the prefix's patches add or change.  The full series is also exported
+back from its checkout and must be byte-identical to ``patches/`` (the
+apply/export round trip: a message ``git am`` would cut, or an export setting
+that drifted, shows up here).  On the full series, the manifest's
 upstream regression tests run too (once: on this 2-core CI they take minutes,
 mostly vLLM's per-test distributed cleanup), and ruff runs with vLLM's own
 configuration (the base's pyproject.toml) on every Python file the series
@@ -28,9 +31,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from . import base as base_mod
+from . import export as export_mod
+from . import git as g
 from . import manifest as manifest_mod
 from . import patchset
 from .errors import SeriesError
@@ -60,6 +66,17 @@ def run_pytest(checkout: Path, tests: list[str], deselect: dict[str, str]) -> tu
     tail = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]
     print(output, end="")
     return proc.returncode, tail[0]
+
+
+def round_trip_differences(checkout: Path, start: str, patches: list[Path]) -> list[str]:
+    """Patch files that ``export`` of ``start..HEAD`` would not reproduce."""
+    with tempfile.TemporaryDirectory(prefix="round-trip-") as tmp:
+        try:
+            exported = export_mod.format_patches(checkout, start, "HEAD", Path(tmp))
+        except SeriesError as e:
+            return [str(e)]
+        again = {f.name: f.read_bytes() for f in exported}
+    return [p.name for p in patches if again.pop(p.name, None) != p.read_bytes()] + sorted(again)
 
 
 def run_ruff(checkout: Path, files: list[str]) -> int:
@@ -106,6 +123,7 @@ def check_prefixes(
         checkout.parent.mkdir(parents=True, exist_ok=True)
         base_mod.clone(repo, checkout)
         label = f"0001..{prefix[-1].name[:4]}"
+        start = g.rev(checkout, "HEAD")
         try:
             patchset.am(checkout, prefix)
         except SeriesError as e:
@@ -128,6 +146,11 @@ def check_prefixes(
             summary = "no tests collected (pytest exit 5)"
         lint = "-"
         if full:
+            differ = round_trip_differences(checkout, start, patches)
+            print(f"\n=== apply/export round trip: {'ok' if not differ else 'DIFFERS'}")
+            for line in differ:
+                print(f"  not reproduced by export: {line}")
+            failed |= bool(differ)
             touched = sorted(manifest.base.touched_files)
             py_files = [f for f in touched if f.endswith(".py") and (checkout / f).exists()]
             print(f"\n=== ruff (vLLM config) on {len(py_files)} touched files")

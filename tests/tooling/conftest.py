@@ -103,7 +103,7 @@ def snapshot(repo: Repo) -> dict[str, str]:
 
     HEAD and branch (or detached), every branch tip, the index (as git records
     it), the work tree (tracked changes, untracked and ignored files with their
-    contents) and the stash.
+    contents), the stash and the repository's local config.
     """
     files = {}
     for rel in repo.git("ls-files", "-z", "--others", "--cached").split("\0"):
@@ -117,6 +117,7 @@ def snapshot(repo: Repo) -> dict[str, str]:
         "status": repo.git("status", "--porcelain=v1", "--untracked-files=all", "--ignored"),
         "files": repr(sorted(files.items())),
         "stash": repo.git("stash", "list", "--format=%H %s"),
+        "config": repo.git("config", "--local", "--list"),
     }
 
 

@@ -113,9 +113,11 @@ def test_am_in_progress_is_refused_unchanged(toy_series):
 @pytest.mark.parametrize("detached", [False, True])
 def test_failing_patch_restores_checkout_exactly(toy_series, detached):
     repo, manifest, patch_dir = toy_series
-    # Patch 2 no longer applies: its context names a line that is not there.
+    # Patch 2 no longer applies: its context names a line that is not there
+    # (recorded in the manifest, as a series exported from another tree is).
     second = patch_dir / manifest.patches[1].file
     second.write_text(second.read_text().replace(" def load(x):", " def load(y):"))
+    manifest.patches[1].patch_id = patchset.patch_id_of_file(second)
     if detached:
         repo.git("checkout", "-q", "--detach", "HEAD")
     _user_clutter(repo)
@@ -133,8 +135,11 @@ def test_untracked_file_in_the_way_fails_cleanly(toy_series):
     repo, manifest, patch_dir = toy_series
     repo.write({"tests/test_second.py": "user's own file\n"})
     before = snapshot(repo)
-    with pytest.raises(SeriesError, match="does not apply"):
+    with pytest.raises(SeriesError, match="does not apply") as err:
         _apply(repo, manifest, patch_dir)
+    # git's own reason and the patch are in the message.
+    assert "tests/test_second.py" in str(err.value)
+    assert manifest.patches[1].file in str(err.value)
     assert snapshot(repo) == before
     assert (repo.path / "tests/test_second.py").read_text() == "user's own file\n"
 
@@ -155,3 +160,22 @@ def test_existing_series_branch_is_refused(toy_series):
     with pytest.raises(SeriesError, match="already exists"):
         _apply(repo, manifest, patch_dir)
     assert snapshot(repo) == before
+
+
+def test_tampered_patch_is_refused_before_touching_the_checkout(toy_series):
+    repo, manifest, patch_dir = toy_series
+    second = patch_dir / manifest.patches[1].file
+    second.write_text(second.read_text().replace("+    return x + 0", "+    return x + 1"))
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="disagree with the manifest") as err:
+        _apply(repo, manifest, patch_dir)
+    assert manifest.patches[1].file in str(err.value)
+    assert snapshot(repo) == before
+
+
+def test_apply_records_where_the_series_starts(toy_series):
+    repo, manifest, patch_dir = toy_series
+    base = repo.head()
+    _apply(repo, manifest, patch_dir)
+    key = f"branch.{manifest.branch_name}.{apply_mod.SERIES_BASE_KEY}"
+    assert repo.git("config", "--get", key) == base

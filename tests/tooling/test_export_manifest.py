@@ -147,3 +147,67 @@ def test_check_manifest_from_a_patch_folder_inside_a_repository(toy_series, make
     for f in patch_dir.iterdir():
         (inside / f.name).write_bytes(f.read_bytes())
     assert check_manifest.problems(manifest, inside) == []
+
+
+def test_export_starts_where_apply_started_not_below(toy_series, tmp_path):
+    # A checkout with a local commit below the series: the series starts at
+    # the commit apply recorded, so the local commit is not exported.
+    repo, manifest, patch_dir = toy_series
+    repo.commit("local unrelated change", {"notes/local.txt": "mine\n"})
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    out = tmp_path / "again"
+    out.mkdir()
+    files = export_mod.export_series(
+        repo.path, manifest, manifest.branch_name, None, patch_dir=out,
+        manifest_path=out / "series.json", log=lambda *_: None,
+    )  # fmt: skip
+    assert [f.name for f in files] == [p.file for p in manifest.patches]
+
+
+def test_export_refuses_an_empty_range(toy_series):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    before = _contents(patch_dir)
+    with pytest.raises(SeriesError, match="would delete the series"):
+        _export_branch(repo, manifest, "main", patch_dir)
+    assert _contents(patch_dir) == before
+
+
+def test_export_refuses_to_overwrite_uncommitted_patch_edits(toy_series, make_repo):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    project = make_repo("project")
+    inside = project.path / "patches"
+    inside.mkdir()
+    for f in patch_dir.iterdir():
+        (inside / f.name).write_bytes(f.read_bytes())
+    project.commit("series")
+    edited = inside / manifest.patches[0].file
+    edited.write_text(edited.read_text() + "\n")
+    before = _contents(inside)
+    with pytest.raises(SeriesError, match="uncommitted changes"):
+        _export_branch(repo, manifest, manifest.branch_name, inside)
+    assert _contents(inside) == before
+
+
+def test_export_refuses_a_message_git_am_would_cut(toy_series):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    # A Markdown-style heading: `git am` ends the message at the `---` line.
+    repo.commit("[Loader] third change\n\nWhat\n\nWhy\n---\nBecause.", {"pkg/other.py": "V = 2\n"})
+    before = _contents(patch_dir)
+    with pytest.raises(SeriesError, match="would be cut by git am at the line '---'"):
+        _export_branch(repo, manifest, manifest.branch_name, patch_dir)
+    assert _contents(patch_dir) == before
+
+
+def _export_branch(repo, manifest, branch, out_dir):
+    return export_mod.export_series(
+        repo.path, manifest, branch, None, patch_dir=out_dir,
+        manifest_path=out_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip

@@ -32,6 +32,7 @@ def test_every_prefix_passes(toy_base, capsys):
     assert "prefix 0001..0001: pytest tests/test_first.py\n" in out
     assert "prefix 0001..0002: pytest tests/test_first.py tests/test_second.py\n" in out
     assert "2 passed" in out
+    assert "apply/export round trip: ok" in out
 
 
 def test_failing_test_fails_the_series(toy_base, capsys):
@@ -78,3 +79,15 @@ def test_patch_that_does_not_apply_fails(toy_base, capsys):
     _rewrite(patch_dir, manifest.patches[1], " def load(x):", " def load(y):")
     assert seriestest.check_prefixes(manifest, patch_dir) == 1
     assert "does not apply" in capsys.readouterr().out
+
+
+def test_message_cut_by_git_am_fails_the_round_trip(toy_base, capsys):
+    manifest, patch_dir = toy_base
+    # A Markdown underline in the message: git am ends the message there, so
+    # the series cannot be re-exported as it is (the patch ID is unchanged).
+    _rewrite(patch_dir, manifest.patches[0], "Body of the first patch.",
+             "Body of the first patch.\n\nWhy\n---\nThe reason.")  # fmt: skip
+    assert seriestest.check_prefixes(manifest, patch_dir) == 1
+    out = capsys.readouterr().out
+    assert "apply/export round trip: DIFFERS" in out
+    assert f"not reproduced by export: {manifest.patches[0].file}" in out
