@@ -26,9 +26,14 @@ range-diff runs on both histories projected onto those paths by git-filter-repo.
 All of it happens in a scratch ``git clone --shared`` in a temporary folder:
 the user's repository, refs, index and work tree are only read.
 
+The command refuses to audit a series whose patch files disagree with the
+manifest (``check_manifest.problems``): a patch edited by hand would otherwise
+become the reference the branch is compared with.
+
 Exit status: 0 when every patch is identical or combined, nothing is extra and
 the end state is equal, or every other finding is accepted with ``--accept``;
-1 when a finding is not accepted; 2 when the audit cannot run (bad input).
+1 when a finding is not accepted; 2 when the audit cannot run (bad input,
+including a series that disagrees with its manifest).
 """
 
 from __future__ import annotations
@@ -47,9 +52,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import base as base_mod
+from . import check_manifest, patchset
 from . import git as g
 from . import manifest as manifest_mod
-from . import patchset
 from .errors import SeriesError
 
 EXIT_OK = 0
@@ -825,6 +830,32 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, accepts=None)
 
 
+def refuse_inconsistent_series(
+    manifest: manifest_mod.Manifest, manifest_path: Path, patch_dir: Path
+) -> None:
+    """Refuse to audit against patch files that are not the manifest's series.
+
+    The audit rebuilds the series from the patch files; a file edited after
+    `make export` (its stable patch ID no longer the recorded one) would make
+    the audit compare the branch with the edited series and pass it.
+
+    Raises:
+        SeriesError: ``check_manifest.problems`` finds any disagreement between
+            ``patch_dir`` and ``manifest_path``; the message lists each one and
+            the fix.
+    """
+    found = check_manifest.problems(manifest, patch_dir)
+    if found:
+        raise SeriesError(
+            f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
+            " trustworthy series to audit against:\n  "
+            + "\n  ".join(found)
+            + "\nrun `make check-manifest` to see the differences; restore the patch"
+            " files (e.g. `git checkout -- patches/`), or, if the change is intended,"
+            " re-export the series with `make export`, then run the audit again"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``check`` command: print the report, return 0, 1 or 2 (see module doc)."""
     try:
@@ -836,6 +867,7 @@ def run(args: argparse.Namespace) -> int:
             manifest_path.parent if args.manifest else manifest_mod.PATCH_DIR
         )
         manifest = manifest_mod.load(manifest_path)
+        refuse_inconsistent_series(manifest, manifest_path, patch_dir)
         report = audit(
             repo=args.vllm or base_mod.WORK_DIR / "vllm",
             consolidated_ref=args.consolidated or manifest.branch_name,

@@ -15,20 +15,26 @@ is applied onto the new base with ``git am --3way``, one at a time:
   fallback merged it → **applied (3-way)**;
 - its stable patch ID is a commit of upstream's history between the old and
   the new base (computable only when both bases share history, e.g. commits
-  of a real vLLM checkout; sdist imports do not) → **dropped**, not applied;
+  of a real vLLM checkout; sdist imports do not) → **dropped (absorbed)**,
+  not applied;
 - ``git am`` merged it to no change at all ("No changes -- Patch already
-  applied") → **dropped**: upstream absorbed it;
-- anything else → **conflict**: the rebase stops and reports the patch, the
-  files left unmerged, the conflict hunks per file (line of each ``<<<<<<<``
-  marker) and git's own ``error:`` lines.  Without ``--keep-conflict`` the
-  scratch clone is discarded and the user's checkout was never touched.  With
+  applied") → **dropped (absorbed)**: upstream absorbed it;
+- anything else → **conflict**: the rebase stops and reports the patch, each
+  file left unmerged with its kind of conflict (from ``git status``'s
+  two-letter code: a file changed on both sides shows its conflict hunks, the
+  line of each ``<<<<<<<`` marker; a file deleted on one side and changed on
+  the other shows ``modify/delete`` and which side deleted it) and git's own
+  ``error:`` lines.  Without ``--keep-conflict`` the scratch clone is
+  discarded and the user's checkout was never touched.  With
   ``--keep-conflict`` the ``git am`` session stays in progress, in the user's
   ``--vllm`` checkout on a new branch (its original branch, HEAD, index and
   work tree are recorded) or in ``work/rebase/<X>/vllm``; the session is
   recorded in ``work/rebase/state.json``.  After resolving and ``git add``:
   ``rebase --continue`` (``make rebase CONTINUE=1``) finishes the patch
-  (a resolution to no change drops it), applies the rest and goes on with the
-  success steps; ``rebase --abort`` (``ABORT=1``) aborts the ``git am`` and
+  (a resolution to no change makes it **dropped (resolved to no change)**; a
+  ``git am --skip`` by hand makes it **dropped (skipped by hand)**: its change
+  is not in the new series), applies the rest and goes on with the success
+  steps; ``rebase --abort`` (``ABORT=1``) aborts the ``git am`` and
   restores the checkout exactly.
 
 On success: the new series is exported with ``export.format_patches``
@@ -45,7 +51,8 @@ swap it in.  Every ``rebase`` invocation first finishes or undoes a swap that
 was interrupted, so ``patches/`` is never left half-written, and a re-run
 after a killed rebase discards its scratch work (or, for a ``--keep-conflict``
 session that touched a checkout, refuses and points to ``--continue`` /
-``--abort``).
+``--abort``).  A start refused before it had anything to report (e.g. a
+version the index does not have) leaves no ``work/rebase/<X>/`` behind.
 """
 
 from __future__ import annotations
@@ -82,7 +89,11 @@ _INDEX_LINE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})", re.MULTILIN
 _NULL_OID = "0" * 40
 
 APPLIED = "applied"
-DROPPED = "dropped"
+# Dropped patches are not in the new series; the status says who decided it.
+DROPPED_ABSORBED = "dropped (absorbed)"  # upstream has it: the tool found so
+DROPPED_RESOLVED = "dropped (resolved to no change)"  # a hand resolution left nothing
+DROPPED_SKIPPED = "dropped (skipped by hand)"  # `git am --skip`: the change is given up
+DROPPED = (DROPPED_ABSORBED, DROPPED_RESOLVED, DROPPED_SKIPPED)
 CONFLICT = "conflict"
 PENDING = "pending"
 
@@ -101,7 +112,7 @@ class PatchStatus:
     file: str
     subject: str
     patch_id: str
-    status: str = PENDING  # pending | applied | dropped | conflict
+    status: str = PENDING  # PENDING, APPLIED, CONFLICT or one of DROPPED
     how: str = ""  # "clean", "3-way merge", "resolved by hand", or why dropped
     new_file: str = ""
 
@@ -497,7 +508,7 @@ def _command_line(
     if skip_tests:
         parts.append("--skip-tests")
     if patch_dir != manifest_mod.PATCH_DIR.resolve():
-        parts += ["--patch-dir", str(patch_dir)]
+        parts += ["--patches-dir", str(patch_dir)]
     parts += [f"--pip-arg={a}" for a in pip_args]
     return shlex.join(parts)
 
@@ -636,8 +647,9 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
         # have reverted it since): its reverse must apply.
         if upstream and g.git(checkout, "apply", "--check", "-R", str(patch),
                               check=False).returncode == 0:  # fmt: skip
-            entry.status, entry.how = DROPPED, f"patch ID is upstream commit {upstream[:12]}"
-            log(f"{entry.file}: dropped: {entry.how}")
+            entry.status = DROPPED_ABSORBED
+            entry.how = f"patch ID is upstream commit {upstream[:12]}"
+            log(f"{entry.file}: {entry.status}: {entry.how}")
             continue
         check = g.git(checkout, "apply", "--check", str(patch), check=False)
         plain = check.returncode == 0
@@ -649,7 +661,8 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
             log(f"{entry.file}: conflict")
             return False
         if g.rev(checkout, "HEAD") == sess.pre_head:
-            entry.status, entry.how = DROPPED, "no change after 3-way merge: upstream has it"
+            entry.status = DROPPED_ABSORBED
+            entry.how = "no change after 3-way merge: upstream has it"
         else:
             entry.status, entry.how = APPLIED, "clean" if plain else "3-way merge"
         log(f"{entry.file}: {entry.status} ({entry.how})")
@@ -671,23 +684,70 @@ def _upstream_commit_with_patch_id(
     return None
 
 
+# `git status --porcelain` codes of unmerged paths.  In `git am --3way`,
+# "us" is HEAD (the new base with the patches applied so far) and "them" is
+# the patch being applied.
+_UNMERGED_KINDS = {
+    "DU": "modify/delete (deleted in the new base, modified by the patch)",
+    "UD": "modify/delete (modified in the new base, deleted by the patch)",
+    "AU": "added in the new base, unmerged",
+    "UA": "added by the patch, unmerged",
+    "DD": "deleted on both sides, unmerged",
+}
+
+
+def unmerged_paths(checkout: Path) -> list[tuple[str, str]]:
+    """``(code, path)`` of every unmerged path, ``code`` as ``git status`` shows it.
+
+    ``UU`` both modified, ``AA`` both added, ``DU``/``UD`` modify/delete,
+    ``AU``/``UA``/``DD`` the leftovers of rename conflicts.
+    """
+    raw = g.out(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=no")
+    tokens = iter(raw.split("\0"))
+    found = []
+    for token in tokens:
+        if len(token) < 4:
+            continue
+        code, path = token[:2], token[3:]
+        if code[0] in "RC":
+            next(tokens, None)  # the rename's source path
+        if code in ("DD", "AU", "UD", "UA", "DU", "AA", "UU"):
+            found.append((code, path))
+    return found
+
+
+def describe_conflict(code: str, path: str, marker_lines: Sequence[int]) -> str:
+    """One report line for an unmerged ``path`` with ``git status`` code ``code``.
+
+    ``marker_lines``: line numbers of the ``<<<<<<<`` markers in the work-tree
+    file; they are what a both-modified (``UU``) or both-added (``AA``) file
+    reports.  Any other code is a conflict about the file's existence, which
+    markers cannot show: it is named as such.
+    """
+    if code in ("UU", "AA"):
+        where = f" at line {', '.join(map(str, marker_lines))}" if marker_lines else ""
+        both = " (added on both sides)" if code == "AA" else ""
+        return f"conflict: {path}: {len(marker_lines)} conflicting hunk(s){where}{both}"
+    kind = _UNMERGED_KINDS.get(code, f"unmerged ({code})")
+    return f"conflict: {path}: {kind}"
+
+
 def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
-    """Patch, unmerged files with their conflict hunks, and git's own error lines.
+    """Patch, unmerged files with the kind of each conflict, and git's own error lines.
 
     ``git_output``: stderr of the plain ``git apply --check`` (it names each
     patch hunk that no longer applies, as ``patch failed: FILE:LINE``) and of
     ``git am --3way``.
     """
     lines = [f"patch: {patch_file}"]
-    unmerged = g.out(checkout, "diff", "--name-only", "--diff-filter=U").splitlines()
-    for path in unmerged:
+    unmerged = unmerged_paths(checkout)
+    for code, path in unmerged:
         full = checkout / path
         starts: list[int] = []
-        if full.is_file():
+        if code in ("UU", "AA") and full.is_file():
             text = full.read_text(errors="replace").splitlines()
             starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
-        where = f" at line {', '.join(map(str, starts))}" if starts else ""
-        lines.append(f"conflict: {path}: {len(starts)} conflicting hunk(s){where}")
+        lines.append(describe_conflict(code, path, starts))
     if not unmerged:
         lines.append("no file was merged with conflict markers: the patch could not be"
                      " applied even with a 3-way merge")  # fmt: skip
@@ -740,7 +800,11 @@ def _on_error(sess: Session, log: Log) -> None:
 
 
 def _discard(sess: Session, log: Log) -> None:
-    """Abort any am, restore the user's checkout, remove scratch work and state."""
+    """Abort any am, restore the user's checkout, remove scratch work and state.
+
+    ``work/rebase/<to>/`` (and ``work/rebase/``) are removed too when nothing
+    is left in them, e.g. after a refusal before any report was written.
+    """
     checkout = Path(sess.checkout)
     if sess.uses_user_checkout:
         if checkout.exists() and g.operation_in_progress(checkout) == "git am":
@@ -753,6 +817,11 @@ def _discard(sess: Session, log: Log) -> None:
         if folder.exists():
             shutil.rmtree(folder)
     state_path().unlink(missing_ok=True)
+    # A run refused before it wrote a report leaves no folder behind; a report
+    # (a conflict, failing tests, a success) keeps its work/rebase/<to>/.
+    for folder in (sess.work_dir, state_path().parent):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty (or already gone)
 
 
 def _clear_stale_session(log: Log) -> None:
@@ -852,15 +921,17 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
             staged = g.git(checkout, "diff", "--cached", "--quiet", check=False).returncode
             if staged == 0 and "No changes" in proc.stdout + proc.stderr:
                 g.git(checkout, "am", "--skip")
-                entry.status, entry.how = DROPPED, "resolved to no change: upstream has it"
-                log(f"{entry.file}: dropped ({entry.how})")
+                entry.status = DROPPED_RESOLVED
+                entry.how = "your resolution left no change (git am --continue: No changes)"
+                log(f"{entry.file}: {entry.status}: {entry.how}")
                 return
             raise SeriesError(
                 f"git am --continue failed in {checkout}: {(proc.stderr or proc.stdout).strip()}"
             )
     head = g.rev(checkout, "HEAD")
     if head == sess.pre_head:
-        entry.status, entry.how = DROPPED, "skipped during manual resolution (git am --skip)"
+        entry.status = DROPPED_SKIPPED
+        entry.how = "git am --skip during manual resolution: its change is given up"
     elif g.rev(checkout, "HEAD~1") == sess.pre_head:
         entry.status, entry.how = APPLIED, "resolved by hand"
     else:
@@ -961,10 +1032,13 @@ def _finish(sess: Session, log: Log) -> int:
         )
 
     patch_dir = Path(sess.patch_dir)
-    dropped = [p for p in sess.patches if p.status == DROPPED]
     outcome = (
         f"replaced: {len(files)} patches"
-        + (f", {len(dropped)} dropped" if dropped else "")
+        + "".join(
+            f", {n} {status}"
+            for status in DROPPED
+            if (n := sum(p.status == status for p in sess.patches))
+        )
         + f", base {manifest.base.project} {manifest.base.version}"
     )
     _write_report(sess, "SUCCESS", outcome, log, range_diff, quiet=True)
@@ -1096,6 +1170,13 @@ def _write_report(
         + (f"searched `{sess.history_range}`" if sess.history_range else
            "not computable (the bases share no git history; only 3-way emptiness counts)"),
     ]  # fmt: skip
+    skipped = [p.file for p in sess.patches if p.status == DROPPED_SKIPPED]
+    if skipped:
+        out += [
+            "",
+            f"Skipped by hand (`git am --skip`): {', '.join(skipped)}. Their changes are"
+            " not in the new series, and the rebase did not find them upstream.",
+        ]
     if sess.conflict:
         out += ["", "## Conflict", "", "```", sess.conflict, "```"]
         if sess.keep:
@@ -1137,7 +1218,7 @@ def run(args: argparse.Namespace) -> int:
         return resume()
     if args.abort:
         return abort()
-    patch_dir = Path(args.patch_dir) if args.patch_dir else manifest_mod.PATCH_DIR
+    patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_mod.PATCH_DIR
     manifest_path = Path(args.manifest) if args.manifest else None
     return start(
         args.to, Path(args.vllm) if args.vllm else None, args.keep_conflict,
@@ -1170,8 +1251,14 @@ def register(subparsers) -> None:
         action="store_true",
         help="do not run the series' tests on the new base (they run by default)",
     )
-    p.add_argument("--patch-dir", help="patch folder to rebase (default: patches/)")
-    p.add_argument("--manifest", help="its manifest (default: <patch-dir>/series.json)")
+    p.add_argument(
+        "--patches-dir",
+        metavar="DIR",
+        help="patch folder to rebase (default: patches/), as `check` and `check-manifest`",
+    )
+    # The old spelling, kept working but not advertised.
+    p.add_argument("--patch-dir", dest="patches_dir", help=argparse.SUPPRESS)
+    p.add_argument("--manifest", help="its manifest (default: <patches-dir>/series.json)")
     p.add_argument(
         "--pip-arg",
         action="append",

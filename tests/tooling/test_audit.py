@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 from conftest import IDENTITY, Repo
-from seriestool import audit, cli
+from seriestool import audit, check_manifest, cli
 from seriestool import base as base_mod
-from seriestool.patchset import patch_id_of_file
+from seriestool.git import blob_ids
+from seriestool.manifest import load as load_manifest
+from seriestool.patchset import files_touched, patch_id_of_file, subject_of_file
 
 CONFIG_0 = "A = 1\nB = 2\nC = 3\n"
 CONFIG_3 = "A = 1\nB = 2\nC = 3\nLOADER = 'safetensors'\n"
@@ -110,9 +112,10 @@ def snapshot(repo: Repo) -> tuple[str, ...]:
     )
 
 
-def write_manifest(path: Path, patch_dir: Path, base: str) -> None:
-    """The manifest's JSON as `make export` writes it (only what the audit reads)."""
+def write_manifest(path: Path, patch_dir: Path, base: str, repo: Repo) -> None:
+    """The manifest as `make export` writes it, so `check-manifest` finds it consistent."""
     files = sorted(p.name for p in patch_dir.glob("*.patch"))
+    touched = sorted({t for f in files for t in files_touched(repo.path, patch_dir / f)})
     data = {
         "series": {"name": "loader-series", "version": "1"},
         "base": {
@@ -121,12 +124,12 @@ def write_manifest(path: Path, patch_dir: Path, base: str) -> None:
             "upstream_commit": "0000000",
             "sdist": {"filename": "vllm-0.0.0.tar.gz", "sha256": "0" * 64},
             "commit": base,
-            "touched_files": {},
+            "touched_files": blob_ids(repo.path, base, touched),
         },
         "patches": [
             {
                 "file": f,
-                "subject": f.split("-", 1)[1].removesuffix(".patch"),
+                "subject": subject_of_file(patch_dir / f),
                 "patch_id": patch_id_of_file(patch_dir / f),
             }
             for f in files
@@ -161,7 +164,7 @@ def build_series(
     repo.git("checkout", "-q", "main")
     repo.git("branch", "-q", "-D", "series")  # the audit must rebuild it from the files
     manifest = patch_dir / "series.json"
-    write_manifest(manifest, patch_dir, base)
+    write_manifest(manifest, patch_dir, base, repo)
     return Series(repo, base, patch_dir, manifest)
 
 
@@ -653,6 +656,39 @@ def test_input_refusals(series, capsys, tmp_path):
         ]
     )
     assert rc == 2 and "is not a git repository" in capsys.readouterr().err
+
+
+def test_the_fixture_series_agrees_with_its_manifest(series):
+    """The refusal below must be the only reason an audit is refused."""
+    assert check_manifest.problems(load_manifest(series.manifest), series.patch_dir) == []
+
+
+def test_tampered_patch_file_is_refused_not_audited(series, capsys, monkeypatch):
+    """A patch edited after export is not the series: the audit must not trust it.
+
+    The consolidated branch carries the tampered change, so auditing against
+    the patch files as they are passes (shown first); the command refuses.
+    """
+    tampered = series.patch_dir / FILES[2]
+    text = tampered.read_text()
+    assert "+LOADER = 'safetensors'\n" in text
+    tampered.write_text(text.replace("+LOADER = 'safetensors'\n", "+LOADER = 'pickle'\n"))
+    pickle_config = CONFIG_3.replace("'safetensors'", "'pickle'")
+    series.consolidate([PATCH_1, PATCH_2, (PATCH_3[0], {"vllm/config.py": pickle_config})])
+    files = [series.patch_dir / f for f in FILES]
+    assert audit.audit(series.repo.path, "cons", series.base, files).ok  # the hazard
+    monkeypatch.setattr(audit, "audit", _no_audit)
+
+    rc, err = series.check(capsys, "--consolidated", "cons")
+
+    assert rc == 2
+    assert f"{FILES[2]}: stable patch ID" in err
+    assert "disagrees with" in err and str(series.manifest) in err
+    assert "make check-manifest" in err and "make export" in err
+
+
+def _no_audit(*args, **kwargs):
+    raise AssertionError("an inconsistent series must be refused before the audit runs")
 
 
 # ---------------------------------------------------------------- scale

@@ -1,8 +1,9 @@
 """``rebase`` on throw-away repos: context drift needing the 3-way fallback, a
-conflict (checkout restored exactly; or kept, then continued or aborted), a
-patch absorbed upstream (dropped), failing tests (nothing written), killed runs
-(re-run recovers, ``patches/`` never half-written), and the version path
-through pip and small local sdists."""
+conflict (checkout restored exactly; or kept, then continued, skipped by hand
+or aborted; a modify/delete conflict named as such), a patch absorbed upstream
+(dropped), failing tests (nothing written), killed runs (re-run recovers,
+``patches/`` never half-written), and the version path through pip and small
+local sdists (a version the index lacks is refused, leaving nothing behind)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from seriestool import check_manifest, seriestest
 from seriestool import export as export_mod
 from seriestool import manifest as manifest_mod
 from seriestool import rebase as rebase_mod
-from seriestool.cli import main
+from seriestool.cli import build_parser, main
 from seriestool.errors import SeriesError
 
 LOADER = "".join(f"line_{n:02d} = {n}\n" for n in range(1, 31))
@@ -228,6 +229,43 @@ def test_conflict_reports_and_leaves_everything_as_it_was(series, work_dir, deta
     _no_session(work_dir)
 
 
+def test_modify_delete_conflict_is_reported_as_such(series, work_dir):
+    """Upstream deleted a file patch 2 changes: no markers to count, so the
+    report names the kind of conflict and which side deleted the file."""
+    repo, patch_dir = series
+    repo.git("checkout", "-q", "-b", "deleted", "main")
+    repo.git("rm", "-q", "pkg/other.py")
+    repo.git("commit", "-q", "-m", "upstream removes pkg/other.py")
+    repo.git("checkout", "-q", "main")
+
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "deleted", patch_dir)
+
+    message = str(err.value)
+    assert "0002-Loader-second-change.patch conflicts" in message
+    assert (
+        "conflict: pkg/other.py: modify/delete (deleted in the new base, modified by the patch)"
+        in message
+    )
+    assert "conflicting hunk(s)" not in message
+    report = (work_dir / "rebase" / "deleted" / "report.md").read_text()
+    assert "modify/delete (deleted in the new base" in report
+    _no_session(work_dir)
+
+
+def test_describe_conflict_names_each_unmerged_kind():
+    describe = rebase_mod.describe_conflict
+    assert describe("UU", "a.py", [3, 9]) == "conflict: a.py: 2 conflicting hunk(s) at line 3, 9"
+    assert describe("UD", "a.py", []) == (
+        "conflict: a.py: modify/delete (modified in the new base, deleted by the patch)"
+    )
+    assert describe("DU", "a.py", []) == (
+        "conflict: a.py: modify/delete (deleted in the new base, modified by the patch)"
+    )
+    assert "added on both sides" in describe("AA", "a.py", [1])
+    assert describe("DD", "a.py", []) == "conflict: a.py: deleted on both sides, unmerged"
+
+
 def test_keep_conflict_then_continue_after_resolution(series, work_dir):
     repo, patch_dir = series
     new_base = _conflict_base(repo)
@@ -308,7 +346,34 @@ def test_resolution_to_no_change_drops_the_patch(series):
     assert [p.subject for p in manifest.patches] == [
         "[Loader] second change", "[Loader] third change",
     ]  # fmt: skip
-    assert "resolved to no change" in "\n".join(lines)
+    output = "\n".join(lines)
+    row = next(ln for ln in output.splitlines() if ln.startswith("1  0001-Loader-first"))
+    assert "dropped (resolved to no change)" in row and "absorbed" not in row
+    assert "replaced: 2 patches, 1 dropped (resolved to no change)," in output
+
+
+def test_patch_skipped_by_hand_is_not_reported_as_absorbed(series, work_dir):
+    """`git am --skip` gives the change up: the report must not call it absorbed."""
+    repo, patch_dir = series
+    _conflict_base(repo)
+    with pytest.raises(SeriesError):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.git("am", "--skip")
+    lines: list[str] = []
+    assert rebase_mod.resume(log=lines.append) == 0
+
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert [p.subject for p in manifest.patches] == [
+        "[Loader] second change", "[Loader] third change",
+    ]  # fmt: skip
+    output = "\n".join(lines)
+    row = next(ln for ln in output.splitlines() if ln.startswith("1  0001-Loader-first"))
+    assert "dropped (skipped by hand)" in row and "git am --skip" in row
+    assert "absorbed" not in row and "upstream has it" not in row
+    assert "replaced: 2 patches, 1 dropped (skipped by hand)," in output
+    assert "Skipped by hand (`git am --skip`): 0001-Loader-first-change.patch" in output
+    assert "not in the new series" in output
+    _no_session(work_dir)
 
 
 # --------------------------------------------------------------------------
@@ -335,7 +400,9 @@ def test_patch_absorbed_upstream_is_dropped_and_files_renumbered(series, work_di
     assert "pkg/other.py" not in manifest.base.touched_files
     assert check_manifest.problems(manifest, patch_dir) == []
     row = next(ln for ln in output.splitlines() if "0002-Loader-second-change.patch" in ln)
-    assert "dropped" in row and "no change after 3-way merge" in row
+    assert "dropped (absorbed)" in row and "no change after 3-way merge" in row
+    assert "replaced: 2 patches, 1 dropped (absorbed), base" in output
+    assert "Skipped by hand" not in output
     third = next(ln for ln in output.splitlines() if ln.startswith("3  0003-Loader-third"))
     assert third.rstrip().endswith("0002-Loader-third-change.patch")
     assert "2:  " in output and " < -:  ---" in output  # range-diff shows the drop
@@ -354,6 +421,7 @@ def test_patch_id_found_in_upstream_history_is_dropped(series):
 
     assert rc == 0
     row = next(ln for ln in output.splitlines() if "0002-Loader-second-change.patch" in ln)
+    assert "dropped (absorbed)" in row
     assert f"patch ID is upstream commit {picked[:12]}" in row
     assert "searched `" in output
     manifest = manifest_mod.load(patch_dir / "series.json")
@@ -619,7 +687,7 @@ def test_version_rebase_materialises_the_sdist_and_updates_the_manifest(
     sdist_series, work_dir, capsys
 ):
     patch_dir, pip_args, index = sdist_series
-    args = ["rebase", "--to", "v2.0", "--skip-tests", "--patch-dir", str(patch_dir)]
+    args = ["rebase", "--to", "v2.0", "--skip-tests", "--patches-dir", str(patch_dir)]
     assert main(args + [f"--pip-arg={a}" for a in pip_args]) == 0
 
     manifest = manifest_mod.load(patch_dir / "series.json")
@@ -639,7 +707,38 @@ def test_version_rebase_materialises_the_sdist_and_updates_the_manifest(
     out = capsys.readouterr().out
     assert "# Rebase onto toyvllm 2.0" in out and "3-way merge" in out
     assert "not computable (the bases share no git history" in out
+    assert f"--skip-tests --patches-dir {patch_dir}" in out  # the command, as `check` spells it
     _no_session(work_dir)
+
+
+def test_patches_dir_is_spelled_as_in_check_and_the_old_spelling_still_parses(tmp_path, capsys):
+    parser = build_parser()
+    for command in ("rebase", "check", "check-manifest"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        assert "--patches-dir" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parser.parse_args(["rebase", "--help"])
+    assert "--patch-dir " not in capsys.readouterr().out  # the old spelling is not advertised
+    args = parser.parse_args(["rebase", "--to", "1.0", "--patches-dir", str(tmp_path)])
+    assert args.patches_dir == str(tmp_path)
+    old = parser.parse_args(["rebase", "--to", "1.0", "--patch-dir", str(tmp_path)])
+    assert old.patches_dir == str(tmp_path)
+
+
+def test_refused_version_leaves_nothing_behind(sdist_series, work_dir, capsys):
+    """A version the index does not have is refused, and no folder is left in work/."""
+    patch_dir, pip_args, _index = sdist_series
+    before = sorted(p.relative_to(work_dir).as_posix() for p in work_dir.rglob("*"))
+    patches_before = _contents(patch_dir)
+    args = ["rebase", "--to", "9.9.9", "--skip-tests", "--patches-dir", str(patch_dir)]
+
+    assert main(args + [f"--pip-arg={a}" for a in pip_args]) == 1
+
+    assert "toyvllm==9.9.9" in capsys.readouterr().err
+    assert not (work_dir / "rebase" / "9.9.9").exists()
+    assert sorted(p.relative_to(work_dir).as_posix() for p in work_dir.rglob("*")) == before
+    assert _contents(patch_dir) == patches_before
 
 
 def test_version_keep_conflict_works_in_work_rebase_and_continues(sdist_series, work_dir):
