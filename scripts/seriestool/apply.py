@@ -110,9 +110,7 @@ def _failure_detail(repo: Path, am_error: str, patches: list[Path]) -> str:
         number = int(msgnum.read_text())
         name = patches[number - 1].name if 0 < number <= len(patches) else "?"
         lines.append(f"failing patch: number {number} of the series ({name})")
-    conflicted = g.out(repo, "diff", "--name-only", "--diff-filter=U")
-    if conflicted:
-        lines.append("conflicted files: " + ", ".join(conflicted.splitlines()))
+    lines += patchset.conflict_lines(repo, ours="the checkout")
     # git's own explanation (patch failed: FILE:LINE, untracked files in the
     # way, ...), without the hints about `git am --continue` that do not apply.
     message = am_error.split(": ", 1)[1] if am_error.startswith("git ") else am_error

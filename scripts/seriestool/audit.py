@@ -56,6 +56,7 @@ from . import check_manifest, patchset
 from . import git as g
 from . import manifest as manifest_mod
 from .errors import SeriesError
+from .report import table
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -534,17 +535,11 @@ def _rev_list(repo: Path, rev_range: str) -> list[str]:
 
 
 def _tree_entries(repo: Path, commit: str, paths: list[str]) -> dict[str, dict[str, str]]:
-    listing = g.out(repo, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *paths)
-    wanted = set(paths)
-    entries = {}
-    for entry in listing.split("\0"):
-        if not entry:
-            continue
-        meta, path = entry.split("\t", 1)
-        mode, _kind, oid = meta.split()
-        if path in wanted:
-            entries[path] = {"mode": mode, "blob": oid}
-    return entries
+    """``{"mode", "blob"}`` of each series path in ``commit`` (the report's form)."""
+    return {
+        path: {"mode": mode, "blob": oid}
+        for path, (mode, oid) in g.tree_entries(repo, commit, paths).items()
+    }
 
 
 def _commit_info(
@@ -579,8 +574,7 @@ def _patch_ids_of_commits(repo: Path, commits: list[str], pathspecs: list[str]) 
         "--no-ext-diff", "--format=commit %H", "--", *pathspecs,
         input="".join(f"{c}\n" for c in commits), text=False,
     ).stdout  # fmt: skip
-    ids = g.git(repo, "patch-id", "--verbatim", input=log, text=False).stdout.decode()
-    return {commit: pid for pid, commit in (line.split() for line in ids.splitlines())}
+    return dict(patchset.patch_ids_of_log(repo, log))
 
 
 def filter_repo_command() -> list[str]:
@@ -708,11 +702,6 @@ def _short(commit: str) -> str:
     return commit[:12]
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-
-
 def _render_text(report: Report) -> str:
     lines = [
         f"Audit of {report.consolidated_ref} ({_short(report.consolidated)}) against"
@@ -722,12 +711,17 @@ def _render_text(report: Report) -> str:
         f" them: {report.consolidated_commits}",
         "",
     ]
-    rows = [["patch", "subject", "status", "consolidated", "note"]]
+    rows = []
     for p in report.patches:
         status = p.status + (" (accepted)" if p.accepted is not None else "")
         subject = p.subject if len(p.subject) <= 48 else p.subject[:45] + "..."
         rows.append([p.file, subject, status, ", ".join(map(_short, p.commits)), p.note])
-    lines += _table(rows) if report.patches else ["(the series is empty)"]
+    headers = ("patch", "subject", "status", "consolidated", "note")
+    lines += (
+        table(headers, rows, rule=False).splitlines()
+        if report.patches
+        else ["(the series is empty)"]
+    )
 
     if report.extra:
         lines += ["", "Extra commits (touch series-owned files, no series counterpart):"]

@@ -49,6 +49,7 @@ from . import git as g
 from . import manifest as manifest_mod
 from . import patchset
 from .errors import SeriesError
+from .seriestest import is_test_file
 
 BUNDLE_DIR = manifest_mod.ROOT / ".device"
 CACHE_DIR = base_mod.WORK_DIR / "device-cache"
@@ -185,11 +186,6 @@ def adding_patch(checkout: Path, base_rev: str, path: str) -> int | None:
     if not added:
         return None
     return commits.index(added[-1])
-
-
-def is_test_file(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return path.startswith("tests/") and name.startswith("test_") and name.endswith(".py")
 
 
 def _cached(key: str, name: str, build: Callable[[Path], dict], log) -> tuple[Path, dict]:
@@ -431,10 +427,6 @@ def check_wheels(paths: Sequence[Path]) -> None:
                 raise SeriesError(f"{path.name} has no METADATA: not a wheel")
 
 
-def sha256_of(path: Path) -> str:
-    return base_mod.sha256_of(path)
-
-
 # --- the bundle --------------------------------------------------------------
 
 
@@ -493,7 +485,7 @@ def build_bundle(
                 "file": w.name,
                 "name": wheel_name_version(w.name)[0],
                 "version": wheel_name_version(w.name)[1],
-                "sha256": sha256_of(w),
+                "sha256": base_mod.sha256_of(w),
             }
             for w in wheels
         ],

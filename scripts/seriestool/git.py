@@ -114,20 +114,31 @@ def rev(repo: Path, ref: str) -> str | None:
     return proc.stdout.strip() or None
 
 
-def blob_ids(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, str | None]:
-    """Blob id of each path in ``commit``; None for a path the tree lacks."""
-    result: dict[str, str | None] = dict.fromkeys(paths)
+def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """``(mode, blob id)`` of each of ``paths`` that is a file in ``commit``.
+
+    Paths are matched literally; a path the tree lacks is left out.
+    """
     if not paths:
-        return result
-    listing = out(repo, "ls-tree", "-z", "--full-tree", commit, "--", *paths)
+        return {}
+    wanted = set(paths)
+    listing = out(repo, "--literal-pathspecs", "ls-tree", "-r", "-z", "--full-tree", commit,
+                  "--", *paths)  # fmt: skip
+    entries = {}
     for entry in listing.split("\0"):
         if not entry:
             continue
         meta, path = entry.split("\t", 1)
-        _mode, kind, oid = meta.split()
-        if kind == "blob" and path in result:
-            result[path] = oid
-    return result
+        mode, kind, oid = meta.split()
+        if kind == "blob" and path in wanted:
+            entries[path] = (mode, oid)
+    return entries
+
+
+def blob_ids(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, str | None]:
+    """Blob id of each path in ``commit``; None for a path the tree lacks."""
+    entries = tree_entries(repo, commit, paths)
+    return {path: entries[path][1] if path in entries else None for path in paths}
 
 
 def operation_in_progress(repo: Path) -> str | None:

@@ -65,13 +65,13 @@ def commit_patch_ids(
     args.append(rev_range)
     if paths:
         args += ["--", *paths]
-    log = g.git(repo, *args, text=False).stdout
+    return patch_ids_of_log(repo, g.git(repo, *args, text=False).stdout)
+
+
+def patch_ids_of_log(repo: Path, log: bytes) -> list[tuple[str, str]]:
+    """(commit, stable patch ID) for each commit of ``git log -p`` output."""
     ids = g.git(repo, "patch-id", "--verbatim", input=log, text=False).stdout.decode()
-    pairs = []
-    for line in ids.splitlines():
-        pid, commit = line.split()
-        pairs.append((commit, pid))
-    return pairs
+    return [(commit, pid) for pid, commit in (line.split() for line in ids.splitlines())]
 
 
 def files_touched(repo: Path, patch: Path) -> list[str]:
@@ -106,3 +106,64 @@ def am(repo: Path, patches: Sequence[Path], three_way: bool = True) -> None:
     if three_way:
         args.append("--3way")
     g.git(repo, *args, *[str(p) for p in patches])
+
+
+# `git status --porcelain` codes of unmerged paths.  In `git am --3way`, "us"
+# is HEAD (``ours``: where the patches are applied) and "them" the patch.
+_UNMERGED_KINDS = {
+    "DU": "modify/delete (deleted in {ours}, modified by the patch)",
+    "UD": "modify/delete (modified in {ours}, deleted by the patch)",
+    "AU": "added in {ours}, unmerged",
+    "UA": "added by the patch, unmerged",
+    "DD": "deleted on both sides, unmerged",
+}
+
+
+def unmerged_paths(checkout: Path) -> list[tuple[str, str]]:
+    """``(code, path)`` of every unmerged path, ``code`` as ``git status`` shows it.
+
+    ``UU`` both modified, ``AA`` both added, ``DU``/``UD`` modify/delete,
+    ``AU``/``UA``/``DD`` the leftovers of rename conflicts.
+    """
+    raw = g.out(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=no")
+    tokens = iter(raw.split("\0"))
+    found = []
+    for token in tokens:
+        if len(token) < 4:
+            continue
+        code, path = token[:2], token[3:]
+        if code[0] in "RC":
+            next(tokens, None)  # the rename's source path
+        if code in ("DD", "AU", "UD", "UA", "DU", "AA", "UU"):
+            found.append((code, path))
+    return found
+
+
+def describe_conflict(code: str, path: str, marker_lines: Sequence[int], ours: str) -> str:
+    """One report line for an unmerged ``path`` with ``git status`` code ``code``.
+
+    ``marker_lines``: line numbers of the ``<<<<<<<`` markers in the work-tree
+    file; they are what a both-modified (``UU``) or both-added (``AA``) file
+    reports.  Any other code is a conflict about the file's existence, which
+    markers cannot show: it is named as such.  ``ours`` names HEAD's side
+    (e.g. "the new base").
+    """
+    if code in ("UU", "AA"):
+        where = f" at line {', '.join(map(str, marker_lines))}" if marker_lines else ""
+        both = " (added on both sides)" if code == "AA" else ""
+        return f"conflict: {path}: {len(marker_lines)} conflicting hunk(s){where}{both}"
+    kind = _UNMERGED_KINDS.get(code, f"unmerged ({code})").format(ours=ours)
+    return f"conflict: {path}: {kind}"
+
+
+def conflict_lines(checkout: Path, ours: str) -> list[str]:
+    """A ``describe_conflict`` line for each unmerged path of a stopped ``git am``."""
+    lines = []
+    for code, path in unmerged_paths(checkout):
+        full = checkout / path
+        starts: list[int] = []
+        if code in ("UU", "AA") and full.is_file():
+            text = full.read_text(errors="replace").splitlines()
+            starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
+        lines.append(describe_conflict(code, path, starts, ours))
+    return lines

@@ -684,54 +684,6 @@ def _upstream_commit_with_patch_id(
     return None
 
 
-# `git status --porcelain` codes of unmerged paths.  In `git am --3way`,
-# "us" is HEAD (the new base with the patches applied so far) and "them" is
-# the patch being applied.
-_UNMERGED_KINDS = {
-    "DU": "modify/delete (deleted in the new base, modified by the patch)",
-    "UD": "modify/delete (modified in the new base, deleted by the patch)",
-    "AU": "added in the new base, unmerged",
-    "UA": "added by the patch, unmerged",
-    "DD": "deleted on both sides, unmerged",
-}
-
-
-def unmerged_paths(checkout: Path) -> list[tuple[str, str]]:
-    """``(code, path)`` of every unmerged path, ``code`` as ``git status`` shows it.
-
-    ``UU`` both modified, ``AA`` both added, ``DU``/``UD`` modify/delete,
-    ``AU``/``UA``/``DD`` the leftovers of rename conflicts.
-    """
-    raw = g.out(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=no")
-    tokens = iter(raw.split("\0"))
-    found = []
-    for token in tokens:
-        if len(token) < 4:
-            continue
-        code, path = token[:2], token[3:]
-        if code[0] in "RC":
-            next(tokens, None)  # the rename's source path
-        if code in ("DD", "AU", "UD", "UA", "DU", "AA", "UU"):
-            found.append((code, path))
-    return found
-
-
-def describe_conflict(code: str, path: str, marker_lines: Sequence[int]) -> str:
-    """One report line for an unmerged ``path`` with ``git status`` code ``code``.
-
-    ``marker_lines``: line numbers of the ``<<<<<<<`` markers in the work-tree
-    file; they are what a both-modified (``UU``) or both-added (``AA``) file
-    reports.  Any other code is a conflict about the file's existence, which
-    markers cannot show: it is named as such.
-    """
-    if code in ("UU", "AA"):
-        where = f" at line {', '.join(map(str, marker_lines))}" if marker_lines else ""
-        both = " (added on both sides)" if code == "AA" else ""
-        return f"conflict: {path}: {len(marker_lines)} conflicting hunk(s){where}{both}"
-    kind = _UNMERGED_KINDS.get(code, f"unmerged ({code})")
-    return f"conflict: {path}: {kind}"
-
-
 def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
     """Patch, unmerged files with the kind of each conflict, and git's own error lines.
 
@@ -740,17 +692,10 @@ def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
     ``git am --3way``.
     """
     lines = [f"patch: {patch_file}"]
-    unmerged = unmerged_paths(checkout)
-    for code, path in unmerged:
-        full = checkout / path
-        starts: list[int] = []
-        if code in ("UU", "AA") and full.is_file():
-            text = full.read_text(errors="replace").splitlines()
-            starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
-        lines.append(describe_conflict(code, path, starts))
-    if not unmerged:
-        lines.append("no file was merged with conflict markers: the patch could not be"
-                     " applied even with a 3-way merge")  # fmt: skip
+    lines += patchset.conflict_lines(checkout, ours="the new base") or [
+        "no file was merged with conflict markers: the patch could not be"
+        " applied even with a 3-way merge"
+    ]
     seen = set()
     for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
         if line.strip() not in seen:

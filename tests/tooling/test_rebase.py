@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Repo, snapshot, write_sdist
 from seriestool import base as base_mod
-from seriestool import check_manifest, seriestest
+from seriestool import check_manifest, patchset, seriestest
 from seriestool import export as export_mod
 from seriestool import manifest as manifest_mod
 from seriestool import rebase as rebase_mod
@@ -254,7 +254,9 @@ def test_modify_delete_conflict_is_reported_as_such(series, work_dir):
 
 
 def test_describe_conflict_names_each_unmerged_kind():
-    describe = rebase_mod.describe_conflict
+    def describe(code, path, markers):
+        return patchset.describe_conflict(code, path, markers, ours="the new base")
+
     assert describe("UU", "a.py", [3, 9]) == "conflict: a.py: 2 conflicting hunk(s) at line 3, 9"
     assert describe("UD", "a.py", []) == (
         "conflict: a.py: modify/delete (modified in the new base, deleted by the patch)"
