@@ -208,6 +208,42 @@ def layered_modules(spec: list[list[tuple]]) -> dict[str, dict]:
     return modules
 
 
+# Module suffix -> the weight dimension that tensor parallelism splits, as in
+# vLLM's parallel linear layers: column-parallel layers (the fused q/k/v and
+# gate/up projections) split their output rows, row-parallel layers (o_proj,
+# down_proj) their input columns; 1-D weights (norms) are replicated.
+TP_DIM = {
+    "self_attn.qkv_proj": 0,
+    "mlp.gate_up_proj": 0,
+    "self_attn.o_proj": 1,
+    "mlp.down_proj": 1,
+}
+
+
+def tp_local_modules(modules: dict[str, dict], tp: int) -> dict[str, dict]:
+    """``layered_modules`` as rank 0 of ``tp`` ranks holds them.
+
+    Each module gains ``tp_dim`` (None: replicated); its ``shape`` and its
+    parts' row offsets and row counts become the rank's (1/tp of each fused
+    part's rows), while each part keeps its checkpoint name.
+    """
+    local = {}
+    for name, mod in modules.items():
+        dim = TP_DIM.get(name.split(".", 2)[2]) if len(mod["shape"]) > 1 else None
+        shape = list(mod["shape"])
+        parts = [list(part) for part in mod["parts"]]
+        if dim is not None:
+            if shape[dim] % tp or any(part[3] % tp for part in parts):
+                raise ValueError(f"{name}: {shape} does not split into {tp} ranks")
+            shape[dim] //= tp
+            if dim == 0:
+                for part in parts:
+                    part[2] //= tp
+                    part[3] //= tp
+        local[name] = {**mod, "shape": shape, "parts": parts, "tp_dim": dim}
+    return local
+
+
 def incomplete_bound(modules: dict[str, dict], order: list[str], sizes: dict) -> int:
     """Bytes that layerwise processing may hold for one incomplete module when
     tensors arrive in ``order``: the largest sum, over fused modules, of the

@@ -19,11 +19,16 @@ tests or invisible to the code under test:
   buffer size, chunk size, concurrency, backend and ``copy`` argument of each
   reader after InstantTensor resolved them (the ring is not a torch
   allocation, so this is how its size is read; ``mem_get_info`` confirms it).
+
+With ``--device cpu`` (the tooling tests), the series' pinned host staging
+allocates its buffer as ordinary memory, as the series' own CPU tests do:
+pinning needs a GPU, and the code path is the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -210,8 +215,33 @@ def op_info(cmd: dict) -> dict:
     }
 
 
+@contextlib.contextmanager
+def retention_check(enabled: bool):
+    """With ``enabled`` false, the series' retention check of borrowed tensors
+    is replaced by a pass-through for the duration (to measure its cost).  A
+    tree without the check is left as it is."""
+    original = getattr(weight_utils, "_check_borrowed_weights_released", None)
+    if enabled or original is None:
+        yield
+        return
+    weight_utils._check_borrowed_weights_released = lambda weights: weights
+    try:
+        yield
+    finally:
+        weight_utils._check_borrowed_weights_released = original
+
+
+def borrowed_attr() -> str:
+    """The series' borrowed-tensor marker (its first version's name when the
+    tree predates the shared constant)."""
+    return getattr(weight_utils, "BORROWED_WEIGHT_ATTR", "_vllm_instanttensor_borrowed")
+
+
 def op_load(cmd: dict) -> dict:
-    """One timed load of a checkpoint folder through DefaultModelLoader."""
+    """One timed load of a checkpoint folder through DefaultModelLoader.
+
+    ``retention_check`` (default true): false disables the series' check that
+    no borrowed tensor outlives its step, for this load only."""
     folder, fmt = cmd["dir"], cmd.get("format", "instanttensor")
     verify = cmd.get("verify", False)
     set_env(cmd.get("env"))
@@ -230,7 +260,10 @@ def op_load(cmd: dict) -> dict:
     n_bytes = cpu_bytes = cpu_n = 0
     cpu_seconds = 0.0
     peak_used = used0
-    with warnings.catch_warnings(record=True) as caught:
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        retention_check(cmd.get("retention_check", True)),
+    ):
         warnings.simplefilter("always")
         t0 = time.perf_counter()
         prev = t0
@@ -328,7 +361,8 @@ def op_real(cmd: dict) -> dict:
     kept: list = []
     seen: list[str] = []
     bad: list[str] = []
-    borrowed = cpu = 0
+    marker = borrowed_attr()
+    borrowed = cpu = cpu_borrowed = cpu_pinned = 0
 
     def check(name, tensor):
         ref = refs.get(name)
@@ -346,8 +380,12 @@ def op_real(cmd: dict) -> dict:
         t0 = time.perf_counter()
         for name, tensor in weights(folder, "instanttensor", cmd.get("extra")):
             seen.append(name)
-            borrowed += bool(getattr(tensor, "_vllm_instanttensor_borrowed", False))
-            cpu += tensor.device.type == "cpu"
+            is_borrowed = bool(getattr(tensor, marker, False))
+            borrowed += is_borrowed
+            if tensor.device.type == "cpu":
+                cpu += 1
+                cpu_borrowed += is_borrowed
+                cpu_pinned += DEVICE == "cuda" and tensor.is_pinned()
             if inline:
                 check(name, tensor)
             else:
@@ -356,6 +394,8 @@ def op_real(cmd: dict) -> dict:
     for name, tensor in kept:
         check(name, tensor)
     names = set(seen)
+    prefixes = tuple((cmd.get("extra") or {}).get("instanttensor_priority_prefixes", ()))
+    n_priority = sum(name.startswith(prefixes) for name in seen) if prefixes else 0
     return {
         "n_tensors": len(seen),
         "n_reference": len(refs),
@@ -368,14 +408,27 @@ def op_real(cmd: dict) -> dict:
         "mismatches": bad[:10],
         "on_cpu": cpu,
         "borrowed_marked": borrowed,
+        "borrowed_marker": marker,
+        "cpu_borrowed": cpu_borrowed,
+        "cpu_pinned": cpu_pinned,
+        "n_priority": n_priority,
+        # Priority tensors come first: the first n_priority names are theirs.
+        "priority_first": all(name.startswith(prefixes) for name in seen[:n_priority])
+        if prefixes
+        else None,
         "readers": list(READERS),
         "warnings": sorted({str(w.message)[:300] for w in caught}),
     }
 
 
-def build_layered_model(modules: dict):
+def build_layered_model(modules: dict, tp: int = 1):
     """Modules whose weights live on meta until layerwise processing
-    materialises them on CUDA, with vLLM-style sharded weight loaders."""
+    materialises them on the device, with vLLM-style weight loaders.
+
+    ``tp`` > 1: each module is rank 0's of ``tp`` ranks (``modules`` come from
+    ``common.tp_local_modules``); its loader narrows the whole checkpoint
+    tensor to rank 0's slice before copying it, as vLLM's parallel linear
+    loaders do."""
 
     class Holder(torch.nn.Module):
         pass
@@ -389,8 +442,12 @@ def build_layered_model(modules: dict):
             requires_grad=False,
         )
         offsets = {part[1]: (part[2], part[3]) for part in spec["parts"]}
+        dim = spec.get("tp_dim") if tp > 1 else None
 
-        def loader(param, loaded_weight, loaded_shard_id=None, _offsets=offsets):
+        def loader(param, loaded_weight, loaded_shard_id=None, _offsets=offsets, _dim=dim):
+            if _dim is not None:
+                size = loaded_weight.shape[_dim] // tp
+                loaded_weight = loaded_weight.narrow(_dim, 0, size)  # rank 0
             if loaded_shard_id is None:
                 param.data.copy_(loaded_weight)
                 return
@@ -408,18 +465,37 @@ def build_layered_model(modules: dict):
     return model, route
 
 
+def layered_reference(meta: dict, spec: dict, tp: int):
+    """What rank 0 of ``tp`` ranks holds for one module, from the files."""
+    parts = []
+    for part in spec["parts"]:
+        ref = reference_tensor(meta[part[0]][0], part[0])
+        dim = spec.get("tp_dim") if tp > 1 else None
+        if dim is not None:
+            ref = ref.narrow(dim, 0, ref.shape[dim] // tp)
+        parts.append(ref)
+    return torch.cat(parts, 0) if len(parts) > 1 else parts[0]
+
+
 def op_layerwise(cmd: dict) -> dict:
     """Stream a layered checkpoint into meta-device modules through vLLM's
     layerwise online processing; measure the extra peak GPU memory over the
-    final model and compare every processed weight with the checkpoint."""
-    folder = cmd["dir"]
+    materialised parameters and compare every processed weight with the
+    checkpoint (``verify``, default true).
+
+    ``tp`` (default 1): a tensor-parallel-like run, as rank 0 of ``tp``
+    ranks: parameters hold the rank's rows of each fused part and the
+    loaders narrow the checkpoint tensors; the bound on what incomplete
+    layers may hold is then the TP-local one (the whole bound / tp)."""
+    folder, tp = cmd["dir"], cmd.get("tp", 1)
     info = json.loads((Path(folder) / "checkpoint.json").read_text())
+    modules = common.tp_local_modules(info["modules"], tp) if tp > 1 else info["modules"]
     set_env(cmd.get("env"))
     STATE["dests"] = None
     STATE["dests_dir"] = None
     sync()
     empty_cache()
-    model, route = build_layered_model(info["modules"])
+    model, route = build_layered_model(modules, tp)
     reset_peak()
     alloc0 = allocated()
     used0 = used_bytes()
@@ -428,10 +504,11 @@ def op_layerwise(cmd: dict) -> dict:
     # far: queued sources, owned copies, InstantTensor's clones.  torch's peak
     # is reset every step, so each step's peak (the yielded tensor, the queue,
     # the layer being processed) is compared with the parameters that exist
-    # at the end of that step.
+    # at the end of that step.  "Held" is what stays allocated between steps
+    # (queued sources and copies), without the step's own transient tensors.
     materialised = 0
     done: set[int] = set()
-    extra_alloc = extra_used = 0
+    extra_alloc = extra_used = extra_held = 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -448,6 +525,7 @@ def op_layerwise(cmd: dict) -> dict:
             extra_alloc = max(extra_alloc, max_allocated() - alloc0 - materialised)
             extra_used = max(extra_used, used_bytes() - used0 - materialised)
             del tensor, param
+            extra_held = max(extra_held, allocated() - alloc0 - materialised)
             reset_peak()
         layerwise.finalize_layerwise_processing(model, None)
         sync()
@@ -455,25 +533,33 @@ def op_layerwise(cmd: dict) -> dict:
     final_alloc = allocated() - alloc0
     meta = headers(folder)
     bad, on_meta = [], 0
-    for mod_name, spec in info["modules"].items():
+    for mod_name, spec in modules.items():
         weight = getattr(model, mod_name.replace(".", "_")).weight
         if weight.is_meta:
             on_meta += 1
             bad.append(f"{mod_name}: never processed")
             continue
-        parts = [reference_tensor(meta[p[0]][0], p[0]) for p in spec["parts"]]
-        ref = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
-        if not torch.equal(as_bytes(weight).cpu(), as_bytes(ref)):
+        if not cmd.get("verify", True):
+            continue
+        ref = layered_reference(meta, spec, tp)
+        if tuple(weight.shape) != tuple(ref.shape) or not torch.equal(
+            as_bytes(weight).cpu(), as_bytes(ref)
+        ):
             bad.append(f"{mod_name}: bytes differ")
+    bound = info["incomplete_bound_bytes"]
     result = {
         "seconds": seconds,
+        "tp": tp,
+        "verified": cmd.get("verify", True),
         "model_bytes": info["model_bytes"],
-        "incomplete_bound_bytes": info["incomplete_bound_bytes"],
+        "incomplete_bound_bytes": bound,
+        "tp_local_bound_bytes": bound // tp,
         "final_alloc_delta": final_alloc,
         "materialised_bytes": materialised,
         "extra_peak_alloc": extra_alloc,
         "extra_peak_used": extra_used,
-        "n_modules": len(info["modules"]),
+        "extra_held_alloc": extra_held,
+        "n_modules": len(modules),
         "n_mismatched_modules": len(bad),
         "mismatches": bad[:10],
         "never_processed": on_meta,
@@ -485,17 +571,225 @@ def op_layerwise(cmd: dict) -> dict:
     return result
 
 
+def quantize_to_fp8(layer) -> None:
+    """A stand-in for online FP8 quantization: a float32 temporary per
+    parameter for the scale, an fp8 output per parameter, then the parameters
+    are replaced by their outputs."""
+    outputs = {}
+    for name, param in list(layer.named_parameters()):
+        work = param.detach().float()
+        scale = work.abs().amax().clamp(min=1e-12) / 448.0
+        outputs[name] = (work / scale).to(torch.float8_e4m3fn)
+        del work
+    for name, output in outputs.items():
+        delattr(layer, name)
+        layer.register_parameter(name, torch.nn.Parameter(output, requires_grad=False))
+
+
+def op_processing_peak(cmd: dict) -> dict:
+    """Peak memory while one layer is loaded and processed: four bf16
+    parameters (``shape``, default 4096 x 4096: 32 MiB each) loaded from
+    device sources, one call each, through layerwise online processing whose
+    processing quantizes them to fp8.  The peak is the bytes allocated above
+    the start, from the first call until processing has run.  v0.33.0 keeps
+    the queued sources until processing returns; the series loads each
+    source at its call and keeps none."""
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    from vllm.platforms import current_platform
+
+    # Processing imports vLLM's online-quantization modules, one of which asks
+    # at import time whether CUTLASS fp8 kernels exist: on a platform that
+    # claims CUDA that calls a compiled op a source tree lacks.  They are
+    # imported here with the platform's own answers (as the series' CUDA
+    # tests see it), then the CUDA answers are put back.
+    claimed = {k: v for k, v in vars(current_platform).items() if k.startswith("is_cuda")}
+    for key in claimed:
+        delattr(current_platform, key)
+    try:
+        import vllm.model_executor.layers.quantization.online.fp8  # noqa: F401
+        import vllm.model_executor.layers.quantization.online.moe_base  # noqa: F401
+        import vllm.model_executor.model_loader.utils  # noqa: F401
+    finally:
+        for key, value in claimed.items():
+            setattr(current_platform, key, value)
+
+    class HookQuantMethod(QuantizeMethodBase):
+        uses_meta_device = True
+
+        def create_weights(self, layer, *weight_args, **extra_weight_attrs):
+            pass
+
+        def apply(self, layer, *args, **kwargs):
+            raise NotImplementedError
+
+        def process_weights_after_loading(self, layer):
+            quantize_to_fp8(layer)
+
+    shape = tuple(cmd.get("shape", (4096, 4096)))
+    names = [f"w{i}" for i in range(4)]
+    layer = torch.nn.Module()
+    layer.quant_method = HookQuantMethod()
+    for name in names:
+        param = torch.nn.Parameter(
+            torch.empty(shape, dtype=torch.bfloat16, device="meta"), requires_grad=False
+        )
+        param.weight_loader = weight_utils.default_weight_loader
+        layer.register_parameter(name, param)
+    with torch.device(DEVICE):
+        layerwise.initialize_online_processing(layer)
+    sync()
+    empty_cache()
+    reset_peak()
+    start = allocated()
+    for index, name in enumerate(names):
+        source = torch.full(shape, float(index + 1), dtype=torch.bfloat16, device=DEVICE)
+        param = getattr(layer, name)
+        param.weight_loader(param, source)
+        del source, param
+    sync()
+    peak = max_allocated() - start
+    processed = all(getattr(layer, name).dtype == torch.float8_e4m3fn for name in names)
+    del layer
+    empty_cache()
+    return {
+        "shape": list(shape),
+        "param_bytes": 2 * shape[0] * shape[1],
+        "peak_bytes": peak,
+        "processed": processed,
+    }
+
+
+def op_pinned_read(cmd: dict) -> dict:
+    """Read one large tensor of a tmpfs shard and copy it into a preallocated
+    GPU tensor, timed to the end of that copy, per method: safetensors'
+    ``get_tensor`` (pageable memory) and the series' pinned reader
+    (``weight_utils._PinnedReader``) for each threads x chunk-size pair.
+
+    The reader's pinned buffer is allocated once (timed apart: ``alloc_s``)
+    and shared by the variants, so the grid measures reading and copying.
+    Methods run in interleaved rounds; each method's first result is compared
+    bitwise with the file.  A tree without the reader runs the pageable
+    method only."""
+    from safetensors import safe_open
+
+    path, name = cmd["file"], cmd["tensor"]
+    reps = cmd.get("reps", 5)
+    reader_cls = getattr(weight_utils, "_PinnedReader", None)
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    begin, end = header[name]["data_offsets"]
+    nbytes = end - begin
+    ref = reference_tensor(path, name).to(DEVICE)
+    dest = torch.empty_like(ref)
+    sync()
+    methods: dict[str, object] = {"safetensors get_tensor (pageable)": None}
+    out: dict = {"file": path, "tensor": name, "bytes": nbytes, "reps": reps, "methods": {}}
+    shared = None
+    if reader_cls is None:
+        out["pinned_reader"] = "absent from this tree"
+    else:
+        out["default"] = {"threads": reader_cls.THREADS, "chunk_bytes": reader_cls.CHUNK_BYTES}
+        # The cost a process pays once, at its first load with pinned
+        # staging: torch's cache of freed pinned blocks (earlier loads left
+        # one) is emptied where torch can, and the second allocation is made
+        # while the first is alive.
+        empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
+        if DEVICE == "cuda" and empty_host_cache is not None:
+            gc.collect()
+            empty_host_cache()
+        out["host_cache_emptied"] = DEVICE == "cuda" and empty_host_cache is not None
+        t0 = time.perf_counter()
+        first = reader_cls.allocate(nbytes)
+        t1 = time.perf_counter()
+        shared = reader_cls.allocate(nbytes)
+        out["alloc_s"] = [t1 - t0, time.perf_counter() - t1]
+        del first
+        for threads in cmd.get("threads", [1, 4, 8, 16]):
+            for chunk in cmd.get("chunks", [4 * common.MiB, 16 * common.MiB, 64 * common.MiB]):
+                variant = type(
+                    "Variant",
+                    (reader_cls,),
+                    {
+                        "THREADS": threads,
+                        "CHUNK_BYTES": chunk,
+                        "allocate": staticmethod(lambda n, _b=shared: _b[:n]),
+                    },
+                )
+                label = f"pinned reader, {threads} threads, {chunk // common.MiB} MiB chunks"
+                methods[label] = (variant(nbytes), threads, chunk)
+    samples: dict[str, list] = {label: [] for label in methods}
+    reads: dict[str, list] = {label: [] for label in methods}
+    labels = list(methods)
+    try:
+        for r in range(reps):
+            for i in range(len(labels)):
+                label = labels[(r + i) % len(labels)]
+                method = methods[label]
+                t0 = time.perf_counter()
+                if method is None:
+                    with safe_open(path, framework="pt", device="cpu") as f:
+                        tensor = f.get_tensor(name)
+                else:
+                    tensor = method[0](path, name)
+                t1 = time.perf_counter()
+                dest.copy_(tensor)
+                sync()
+                samples[label].append(time.perf_counter() - t0)
+                reads[label].append(t1 - t0)
+                entry = out["methods"].setdefault(label, {})
+                if "bitwise_equal" not in entry:
+                    entry["bitwise_equal"] = bool(torch.equal(as_bytes(dest), as_bytes(ref)))
+                    entry["is_pinned"] = DEVICE == "cuda" and bool(tensor.is_pinned())
+                    entry["borrowed_marked"] = bool(getattr(tensor, borrowed_attr(), False))
+                    if method is not None:
+                        entry["threads"], entry["chunk_bytes"] = method[1], method[2]
+                del tensor
+    finally:
+        for method in methods.values():
+            if method is not None:
+                method[0].close()
+    for label in labels:
+        med = common.median(samples[label])
+        entry = out["methods"].setdefault(label, {})
+        entry.update(
+            seconds=samples[label],
+            median_s=med,
+            read_median_s=common.median(reads[label]),
+            gb_s=nbytes / 1e9 / med if med else None,
+        )
+    pinned = [e for e in out["methods"].values() if "threads" in e and e.get("gb_s")]
+    if pinned:
+        best = max(pinned, key=lambda e: e["gb_s"])
+        out["best"] = {k: best[k] for k in ("threads", "chunk_bytes", "gb_s")}
+        default = next(
+            (
+                e
+                for e in pinned
+                if (e["threads"], e["chunk_bytes"])
+                == (out["default"]["threads"], out["default"]["chunk_bytes"])
+            ),
+            None,
+        )
+        out["default"]["gb_s"] = default["gb_s"] if default else None
+    del ref, dest, shared
+    empty_cache()
+    return out
+
+
 OPS = {
     "info": op_info,
     "load": op_load,
     "pinned": op_pinned,
     "real": op_real,
     "layerwise": op_layerwise,
+    "pinned_read": op_pinned_read,
+    "processing_peak": op_processing_peak,
 }
 
 
 def main() -> int:
-    global torch, LoadConfig, DefaultModelLoader, layerwise, DEVICE
+    global torch, LoadConfig, DefaultModelLoader, layerwise, weight_utils, DEVICE
     parser = argparse.ArgumentParser()
     parser.add_argument("--tree", required=True)
     parser.add_argument("--result-fd", type=int, required=True)
@@ -522,7 +816,7 @@ def main() -> int:
         from vllm.model_executor.model_loader import (
             DefaultModelLoader,
             default_loader,  # noqa: F401
-            weight_utils,  # noqa: F401
+            weight_utils,
         )
         from vllm.model_executor.model_loader.reload import layerwise
         from vllm.platforms import current_platform
@@ -535,6 +829,11 @@ def main() -> int:
             current_platform.current_device = lambda: torch.cuda.current_device()
         else:
             current_platform.current_device = lambda: "cpu"
+            reader = getattr(weight_utils, "_PinnedReader", None)
+            if reader is not None:
+                reader.allocate = staticmethod(
+                    lambda nbytes: torch.empty(nbytes, dtype=torch.uint8)
+                )
     except Exception:
         send({"ready": False, "error": traceback.format_exc()[-4000:]})
         return 1

@@ -373,7 +373,9 @@ def _base_checkout(tmp_path: Path) -> Path:
 
 
 STANDIN = '''"""CPU stand-in for instanttensor 0.2.2: streams safetensors files in
-instanttensor's order; copy=False yields views into one reused ring."""
+instanttensor's order; copy=False yields views into one reused ring, each made
+with torch.from_dlpack as InstantTensor makes them, so that every yielded
+tensor has storage of its own (the series' retention check relies on it)."""
 import enum
 import json
 import os
@@ -428,7 +430,7 @@ class safe_open:  # noqa: N801
             view = self.ring[offset:offset + n]
             view.copy_(t.reshape(-1).view(torch.uint8))
             offset += n
-            yield name, view.view(t.dtype).view(t.shape)
+            yield name, torch.from_dlpack(view).view(t.dtype).view(t.shape)
 '''
 
 
