@@ -1,9 +1,12 @@
 """Write the qualification checkpoints (CPU only, so it can run beside tests).
 
-    python3 make_checkpoints.py ROOT [--only synthetic,staging,layered,real]
+    python3 make_checkpoints.py ROOT [--only synthetic,staging,heavy,layered,real]
 
 ROOT/synthetic  about 8 GiB, 4 indexed shards, mixed tensor sizes
 ROOT/staging    the same shards (hard links) plus a shard with one 1 GiB tensor
+ROOT/heavy      shards 1-2 of the same (hard links) and three 1 GiB tensors, each
+                in a shard of its own, first, in the middle and last: 43 % of
+                the bytes are in tensors above a 64 MiB staging bound
 ROOT/layered    a model-like stack for layerwise processing (fused q/k/v, gate/up)
 ROOT/real       a small Qwen3-MoE written by transformers' save_pretrained, sharded
 
@@ -123,14 +126,13 @@ def make_synthetic(root: Path) -> dict:
     return describe(folder, written["files"], {"kind": "synthetic"})
 
 
-def make_staging(root: Path) -> dict:
-    """The synthetic shards (hard links: no second copy in RAM) plus one shard
-    holding a 1 GiB tensor, sorted between shards 2 and 3 so the oversized
-    tensor sits in the middle of the stream."""
-    src, folder = root / "synthetic", root / "staging"
+def link_synthetic(root: Path, folder: Path, keep: int | None = None) -> tuple[list[str], dict]:
+    """Hard-link the first ``keep`` (default: all) synthetic shards into
+    ``folder`` (no second copy in RAM); returns their names and weight map."""
+    src = root / "synthetic"
     folder.mkdir(parents=True, exist_ok=True)
     synthetic = json.loads((src / "model.safetensors.index.json").read_text())
-    files = sorted(set(synthetic["weight_map"].values()))
+    files = sorted(set(synthetic["weight_map"].values()))[:keep]
     for name in files:
         target = folder / name
         if target.exists():
@@ -139,14 +141,62 @@ def make_staging(root: Path) -> dict:
             os.link(src / name, target)
         except OSError:
             shutil.copy2(src / name, target)
+    weight_map = {k: v for k, v in synthetic["weight_map"].items() if v in files}
+    return files, weight_map
+
+
+def big_tensor(name: str) -> tuple:
+    """A 1 GiB tensor (``--small``: 4 MiB) named ``name``."""
+    _, shape, dtype = common.BIG_TENSOR_SMALL if SMALL else common.BIG_TENSOR
+    return (name, shape, dtype)
+
+
+def make_staging(root: Path) -> dict:
+    """The synthetic shards plus one shard holding a 1 GiB tensor, sorted
+    between shards 2 and 3 so the oversized tensor sits in the middle of the
+    stream."""
+    folder = root / "staging"
+    files, weight_map = link_synthetic(root, folder)
     extra_name = files[1].replace("-of-", "b-extra-of-")
-    n_before = sum(1 for _ in synthetic["weight_map"])
-    big = common.BIG_TENSOR_SMALL if SMALL else common.BIG_TENSOR
-    written = write_sharded(folder, [[big]], first_index=n_before, names=[extra_name])
-    weight_map = dict(synthetic["weight_map"]) | written["weight_map"]
-    total = synthetic["metadata"]["total_size"] + written["total_size"]
-    write_index(folder, weight_map, total)
-    return describe(folder, sorted(files + [extra_name]), {"kind": "staging", "big_tensor": big[0]})
+    big = big_tensor(common.BIG_TENSOR[0])
+    written = write_sharded(folder, [[big]], first_index=len(weight_map), names=[extra_name])
+    weight_map |= written["weight_map"]
+    write_index(folder, weight_map, total_size(folder, files + [extra_name]))
+    return describe(
+        folder,
+        sorted(files + [extra_name]),
+        {"kind": "staging", "big_tensor": big[0], "big_file": str(folder / extra_name)},
+    )
+
+
+def make_heavy(root: Path) -> dict:
+    """Synthetic shards 1 and 2 and three 1 GiB tensors, each in a shard of
+    its own, sorted first, between the two and last (as a vocabulary-sized
+    embedding and lm_head would be): 3 of 6.9 GiB above a 64 MiB bound."""
+    folder = root / "heavy"
+    files, weight_map = link_synthetic(root, folder, keep=2)
+    names = ["model-00000-heavy.safetensors"] + [f.replace("-of-", "b-heavy-of-") for f in files]
+    spec = [[big_tensor(f"model.heavy_{i}.weight")] for i in range(len(names))]
+    written = write_sharded(folder, spec, first_index=20_000, names=names)
+    weight_map |= written["weight_map"]
+    write_index(folder, weight_map, total_size(folder, files + names))
+    info = describe(folder, sorted(files + names), {"kind": "heavy"})
+    big_bytes = common.nbytes_of(spec[0][0][1], spec[0][0][2]) * len(names)
+    info["oversized_fraction"] = big_bytes / info["payload_bytes"]
+    common.write_json(folder / "checkpoint.json", info)
+    return info
+
+
+def total_size(folder: Path, files: list[str]) -> int:
+    """The payload bytes of ``files`` (the index's ``total_size``)."""
+    total = 0
+    for name in files:
+        with open(folder / name, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        total += sum(m["data_offsets"][1] - m["data_offsets"][0] for m in header.values())
+    return total
 
 
 def make_layered(root: Path) -> dict:
@@ -234,6 +284,7 @@ def make_real(root: Path) -> dict:
 MAKERS = {
     "synthetic": make_synthetic,
     "staging": make_staging,
+    "heavy": make_heavy,
     "layered": make_layered,
     "real": make_real,
 }
