@@ -1,4 +1,4 @@
-"""Qualify the series on the GPU machine: tests, real-writer check, benchmarks.
+"""Qualify the series on one GPU: tests, real-writer check, benchmarks.
 
 Run from the repository root there, with ``.device`` carried (``make
 device-bundle`` builds it): ``bash scripts/device/run_all.sh``.  Writes to
@@ -6,20 +6,38 @@ device-bundle`` builds it): ``bash scripts/device/run_all.sh``.  Writes to
 
   qualification.json  every figure, test count, version and verdict
   summary.md          the tables, the targets, the problems
-  qualification.png   throughput and peak memory per configuration
+  qualification.png   throughput, bounded staging, deferred memory, pinned reads
   run.log             this script's own log, machine facts, wheel install
   pytest.log          the GPU test runs (series tests, negative controls)
   bench.log           checkpoint writer and benchmark workers' output
 
+The two-GPU measurements are ``tp2.py``'s (kind nvidia-h200-x2; it reuses the
+trees and wheels this script leaves under ``--work``, and adds ``tp2.json``
+and ``tp2.log`` to ``$OUT``).
+
 Every step has its own time limit and the whole run a budget (``--budget``,
 default 450 s), so one hang cannot eat the device tool's 600 s: a step that
 runs out is killed, recorded, and the run goes on to write its evidence.
+Each benchmark also has its share of the budget (``PHASE_SECONDS``): past it,
+it starts no new round, so the later benchmarks still run.
 
 Order: install wheels and unpack trees; start, in the background, the
 checkpoint writer (CPU only) and one benchmark worker per tree (each imports
 vLLM once); run the series' tests on the patched tree (GPU), then each
-negative control; then the real-writer check and the benchmarks, each
-base/series comparison interleaved between the workers; then the report.
+negative control; then the benchmarks, each base/series comparison
+interleaved between the workers, and the report:
+
+  real_writer  a Qwen3-MoE written by transformers, bitwise, in every loader
+               mode (kept or compared inline, bound, pinned staging, priority)
+  throughput   ~8 GiB from tmpfs: base, series COPY=1/0, COPY=0 without the
+               retention check (its cost), an A/A repeat, pinned H2D ceiling
+  staging      the same + one 1 GiB tensor, 64 MiB bound: pageable fallback
+               against pinned staging, time x unbounded, ring, peak memory
+  heavy        43 % of the bytes above the bound: the same comparison
+  deferred     layerwise online processing, whole and as rank 0 of 8 (TP-like)
+  pinned_read  one 1 GiB tensor to the GPU: pageable, and the pinned reader
+               over threads x chunk sizes (which default is fastest)
+  tuning       InstantTensor's own knobs (skipped unless ``--skip`` omits it)
 """
 
 from __future__ import annotations
@@ -55,6 +73,7 @@ class Run:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + budget
         self.out, self.work = out, work
+        self.series_mode = True
         self.log_file = (out / "run.log").open("a")
         self.res: dict = {
             "schema": 1,
@@ -278,6 +297,11 @@ def machine_facts(run: Run, shm_root: Path) -> dict:
     return facts
 
 
+# tmpfs the checkpoints take: synthetic 7.9 GiB, staging's and heavy's new
+# 1 GiB tensors 4 GiB (the rest are hard links), layered 1.4, real 0.4.
+SHM_GIB = 16
+
+
 def choose_shm(run: Run, wanted_gib: float) -> Path:
     """A tmpfs folder for the checkpoints: /dev/shm when it has room, else a
     tmpfs mounted under the work folder (recorded)."""
@@ -345,19 +369,93 @@ def interleaved(configs: list, rounds: int):
 
 
 SLOW_REPEATS = 3  # vLLM's safetensors path takes ~2 s a load: fewer rounds
+IT = "instanttensor"
+PINNED = {"instanttensor_pinned_staging": True}
+PRIORITY = ["model.embed_tokens.", "lm_head."]
+
+# The staging bound of the bounded benchmarks, the real-writer check's, and
+# the parameters of the processed layer (``--small``: scaled down with the
+# checkpoints, so that the same tensors fall back to CPU).
+SIZES = {"bound": 64 * common.MiB, "real_bound": 32 * common.MiB, "layer_shape": [4096, 4096]}
+SMALL_SIZES = {"bound": common.MiB, "real_bound": common.MiB // 2, "layer_shape": [256, 256]}
+
+# Each benchmark's share of the budget (seconds): a phase stops starting new
+# rounds when its share is spent, so that the later ones still run.  With
+# ``--small`` (CPU tests on a shared machine) the shares are SMALL_SCALE times
+# as long: there the budget alone bounds the run.
+SMALL_SCALE = 4
+PHASE_SECONDS = {
+    "real_writer": 25,
+    "throughput": 75,
+    "staging": 35,
+    "heavy": 40,
+    "deferred": 40,
+    "pinned_read": 25,
+    "tuning": 30,
+}
 
 
-def bench_throughput(run: Run, W: dict, ck: dict, repeats: int) -> dict:
-    """Interleaved rounds: base, series COPY=1/0, an A/A repeat of the base (its
-    ratio to the base is the noise floor of the comparison), vLLM's plain
-    safetensors path (first rounds only) and the pinned 1 GiB H2D ceiling."""
+def runnable(run: Run, configs: list, out: dict) -> list:
+    """The configurations this bundle can run.  Without a series (a smoke
+    run, the series rows on the base tree) the ones that need the series'
+    loader settings are listed under ``not_run`` instead."""
+    if run.series_mode:
+        return configs
+    keep = []
+    for config in configs:
+        label, wname, kw = config[0], config[1], config[2]
+        if wname == "series" and kw.get("extra"):
+            out.setdefault("not_run", []).append(f"{label} (needs the series)")
+        else:
+            keep.append(config)
+    return keep
+
+
+def phase_over(run: Run, until: float, name: str, out: dict, rnd: int) -> bool:
+    """Whether a phase must stop starting rounds: its share of the budget, or
+    the budget, is spent.  The medians then rest on fewer rounds, which
+    ``out["rounds"]`` says; a phase that timed nothing is a problem."""
+    if time.monotonic() < until and run.left() >= 45:
+        return False
+    why = "its share of the budget" if run.left() >= 45 else "the time budget"
+    run.log(f"{name}: stopped before round {rnd + 1} of {out['repeats']} ({why} spent)")
+    if rnd == 0:
+        run.problem(f"{name}: no timed round ran ({why} spent)")
+    return True
+
+
+TP = 8  # the TP-like deferred runs: rank 0 of 8
+VERIFY_KEYS = ("n_mismatches", "mismatches", "names_ok", "duplicates", "missing", "error")
+
+
+def verified_load(run: Run, W: dict, phase: str, label: str, wname: str, kw: dict) -> dict:
+    """One untimed load that compares every tensor, bitwise, with the file."""
+    r = W[wname].call("load", verify=True, **kw)
+    if r.get("n_mismatches") or not r.get("names_ok", False):
+        summary = {k: r.get(k) for k in VERIFY_KEYS}
+        run.problem(
+            f"{phase} {label}: loaded tensors differ from the checkpoint: "
+            f"{json.dumps(summary)[:400]}"
+        )
+    return r
+
+
+def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) -> dict:
+    """Interleaved rounds: base, series COPY=1/0, COPY=0 without the retention
+    check (its cost), an A/A repeat of the base (its ratio to the base is the
+    noise floor of the comparison), vLLM's plain safetensors path (first
+    rounds only) and the pinned 1 GiB H2D ceiling."""
     folder = ck["synthetic"]["dir"]
-    it = "instanttensor"
     configs = [
-        ("base InstantTensor", "base", {"format": it, "env": {}}),
-        ("series COPY=1", "series", {"format": it, "env": {"INSTANTTENSOR_COPY": "1"}}),
-        ("series COPY=0", "series", {"format": it, "env": {"INSTANTTENSOR_COPY": "0"}}),
-        ("base InstantTensor (A/A repeat)", "base", {"format": it, "env": {}}),
+        ("base InstantTensor", "base", {"format": IT, "env": {}}),
+        ("series COPY=1", "series", {"format": IT, "env": {"INSTANTTENSOR_COPY": "1"}}),
+        ("series COPY=0", "series", {"format": IT, "env": {"INSTANTTENSOR_COPY": "0"}}),
+        (
+            "series COPY=0, retention check off",
+            "series",
+            {"format": IT, "env": {"INSTANTTENSOR_COPY": "0"}, "retention_check": False},
+        ),
+        ("base InstantTensor (A/A repeat)", "base", {"format": IT, "env": {}}),
         ("vLLM safetensors + copy to GPU", "base", {"format": "safetensors", "env": {}}),
     ]
     out: dict = {
@@ -365,28 +463,23 @@ def bench_throughput(run: Run, W: dict, ck: dict, repeats: int) -> dict:
         "checkpoint_gib": ck["synthetic"]["payload_bytes"] / common.GiB,
         "n_tensors": ck["synthetic"]["n_tensors"],
         "repeats": repeats,
+        "rounds": 0,
         "configs": {},
         "order": [],
     }
     runs: dict[str, list] = {label: [] for label, _, _ in configs}
     verify: dict[str, dict] = {}
-    keys = ("n_mismatches", "mismatches", "names_ok", "duplicates", "missing", "error", "seconds")
     for label, wname, kw in configs:  # warm-up + bitwise check, untimed
-        if label.endswith("(A/A repeat)"):
-            continue
-        r = W[wname].call("load", dir=folder, verify=True, **kw)
-        verify[label] = {k: r.get(k) for k in keys}
-        if r.get("n_mismatches") or not r.get("names_ok", False):
-            run.problem(
-                f"throughput {label}: loaded tensors differ from the checkpoint: "
-                f"{json.dumps(verify[label])[:400]}"
-            )
+        if not label.endswith("(A/A repeat)"):
+            r = verified_load(run, W, "throughput", label, wname, {"dir": folder, **kw})
+            verify[label] = {k: r.get(k) for k in (*VERIFY_KEYS, "seconds")}
     pinned, pageable = [], []
     schedule = [*configs, ("pinned", "base", None)]
     for rnd, (label, wname, kw) in interleaved(schedule, repeats):
-        if run.left() < 60:
-            run.problem(f"throughput: stopped in round {rnd} (time budget)")
-            break
+        if label == schedule[rnd % len(schedule)][0]:
+            if phase_over(run, until, "throughput", out, rnd):
+                break
+            out["rounds"] = rnd + 1
         if kw is not None and kw["format"] == "safetensors" and rnd >= SLOW_REPEATS:
             continue
         out["order"].append(label)
@@ -402,81 +495,97 @@ def bench_throughput(run: Run, W: dict, ck: dict, repeats: int) -> dict:
     out["pageable_gib_s"] = common.gib_per_s(common.GiB, common.median(pageable))
     out["pageable_gb_s"] = common.GiB / 1e9 / common.median(pageable) if pageable else None
     out["pinned_samples_s"], out["pageable_samples_s"] = pinned, pageable
-    base_rate = None
     for label, wname, _ in configs:
         s = report.summarise_loads(runs[label])
         s["tree"] = W[wname].tree_label
         s["verify"] = verify.get(label, verify.get("base InstantTensor"))
-        if label == "base InstantTensor":
-            base_rate = s["gib_s"]
-        s["ratio_vs_base"] = common.ratio(s["gib_s"], base_rate)
         s["ratio_vs_pinned"] = common.ratio(s["gib_s"], out["pinned_gib_s"])
         out["configs"][label] = s
+    base_rate = out["configs"]["base InstantTensor"]["gib_s"]
     for s in out["configs"].values():
         s["ratio_vs_base"] = common.ratio(s["gib_s"], base_rate)
+    # Below 1: the check costs that fraction of the borrowed-mode throughput.
+    out["retention_check_ratio"] = common.ratio(
+        out["configs"]["series COPY=0"]["gib_s"],
+        out["configs"]["series COPY=0, retention check off"]["gib_s"],
+    )
     return out
 
 
-def bench_staging(run: Run, W: dict, ck: dict, repeats: int) -> dict:
-    folder = ck["staging"]["dir"]
-    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(64 * common.MiB)}
-    configs = [
-        ("base bound=64MiB", "base", bound),
-        ("series bound=64MiB", "series", bound),
-        ("series unbound", "series", {}),
-        ("base unbound", "base", {}),
+def bounded_configs(kind: str) -> list:
+    """The bounded-staging configurations of the ``staging`` checkpoint (the
+    synthetic one and one 1 GiB tensor) or the ``heavy`` one."""
+    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}
+    series = [
+        ("series bound", "series", {"env": bound}),
+        ("series bound, pinned staging", "series", {"env": bound, "extra": PINNED}),
+        ("series unbound", "series", {"env": {}}),
     ]
+    if kind == "staging":
+        return [("base bound", "base", {"env": bound}), *series, ("base unbound", "base", {})]
+    return [("base unbound", "base", {"env": {}}), *series]
+
+
+BOUNDED_REPEATS = 3  # timed rounds of the bounded benchmarks
+
+
+def bench_bounded(run: Run, W: dict, ck: dict, kind: str, until: float) -> dict:
+    """A staging bound (``SIZES["bound"]``): base and series, unbounded,
+    bounded with the pageable CPU fallback, bounded with pinned staging.  One
+    verified load per configuration (it counts for memory, not time), then
+    interleaved timed rounds.  Time is compared with the same tree unbounded;
+    the CPU-fallback rate is timed to the end of the consumer's GPU copy."""
+    info = ck[kind]
+    folder = info["dir"]
     out: dict = {
         "dir": folder,
-        "bound_bytes": 64 * common.MiB,
-        "checkpoint_gib": ck["staging"]["payload_bytes"] / common.GiB,
-        "big_tensor": ck["staging"].get("big_tensor"),
+        "bound_bytes": SIZES["bound"],
+        "checkpoint_gib": info["payload_bytes"] / common.GiB,
+        "big_tensor": info.get("big_tensor"),
+        "oversized_fraction": info.get("oversized_fraction"),
+        "repeats": BOUNDED_REPEATS,
+        "rounds": 0,
         "configs": {},
     }
+    configs = runnable(run, bounded_configs(kind), out)
     runs: dict[str, list] = {label: [] for label, _, _ in configs}
     verify = {}
-    for label, wname, env in configs:
-        r = W[wname].call("load", dir=folder, env=env, verify=True)
-        verify[label] = {
-            k: r.get(k)
-            for k in ("n_mismatches", "mismatches", "names_ok", "warnings", "error", "readers")
-        }
-        if r.get("n_mismatches") or not r.get("names_ok", False):
-            run.problem(
-                f"staging {label}: loaded tensors differ from the checkpoint: "
-                f"{json.dumps(verify[label])[:400]}"
-            )
-        runs[label].append(r)  # the verified run counts for memory, not time
+    for label, wname, kw in configs:
+        r = verified_load(run, W, kind, label, wname, {"dir": folder, **kw})
+        verify[label] = {k: r.get(k) for k in (*VERIFY_KEYS, "warnings", "readers")}
+        runs[label].append(r)
     timed: dict[str, list] = {label: [] for label, _, _ in configs}
-    for rnd, (label, wname, env) in interleaved(configs, repeats):
-        if run.left() < 45:
-            run.problem(f"staging: stopped after round {rnd} (time budget)")
-            break
-        timed[label].append(W[wname].call("load", dir=folder, env=env))
+    for rnd, (label, wname, kw) in interleaved(configs, BOUNDED_REPEATS):
+        if label == configs[rnd % len(configs)][0]:
+            if phase_over(run, until, kind, out, rnd):
+                break
+            out["rounds"] = rnd + 1
+        timed[label].append(W[wname].call("load", dir=folder, **kw))
     for label, wname, _ in configs:
         s = report.summarise_loads(timed[label] or runs[label])
-        mem = report.summarise_loads(runs[label] + timed[label])
-        s["peak_used_delta"] = max(
-            [r.get("peak_used_delta", 0) for r in runs[label] + timed[label] if "error" not in r],
-            default=None,
-        )
-        s["torch_peak_delta"] = mem["torch_peak_delta"]
-        s["ring_bytes"] = mem["ring_bytes"]
+        everything = [r for r in runs[label] + timed[label] if "error" not in r]
+        s["peak_used_delta"] = max((r["peak_used_delta"] for r in everything), default=None)
+        s["torch_peak_delta"] = max((r["torch_peak_delta"] for r in everything), default=None)
+        rings = [rd["buffer_size"] for r in everything for rd in r.get("readers", [])]
+        s["ring_bytes"] = max(rings, default=None)
         s["tree"] = W[wname].tree_label
         s["verify"] = verify[label]
         out["configs"][label] = s
-    unbound = {
-        "series": out["configs"]["series unbound"]["median_s"],
-        "base": out["configs"]["base unbound"]["median_s"],
-    }
     for label, s in out["configs"].items():
-        s["ratio_vs_unbound"] = common.ratio(s["median_s"], unbound[label.split()[0]])
+        unbound = out["configs"].get(f"{label.split()[0]} unbound", {})
+        s["ratio_vs_unbound"] = common.ratio(s["median_s"], unbound.get("median_s"))
     return out
 
 
-def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict]) -> dict:
+def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict], until: float) -> dict:
+    """Layerwise online processing of the layered checkpoint (ring bounded,
+    InstantTensor's stream), whole and as rank 0 of 8 (``tp=8``: TP-local
+    parameters, loaders that narrow).  Two runs each, the first verified;
+    the figures are the larger of the two.  First, the peak memory while one
+    layer is loaded and processed (worker op ``processing_peak``), base and
+    series."""
     folder = ck["layered"]["dir"]
-    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(64 * common.MiB)}
+    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}
     configs = [
         ("base (always copies)", "base", dict(bound)),
         ("series COPY=1", "series", {**bound, "INSTANTTENSOR_COPY": "1"}),
@@ -490,52 +599,105 @@ def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict]) -> dict:
                 {**bound, "INSTANTTENSOR_COPY": "0"},
             )
         )
-    out: dict = {"dir": folder, "configs": {}}
-    for label, wname, env in configs:
-        if wname not in W:
-            continue
-        results = [W[wname].call("layerwise", dir=folder, env=env) for _ in range(2)]
+    out: dict = {"dir": folder, "tp": TP, "configs": {}}
+    # One layer processed (fp8): peak memory, v0.33.0's queue against the series.
+    peaks: dict = {"shape": SIZES["layer_shape"]}
+    for wname in ("base", "series"):
+        results = [W[wname].call("processing_peak", shape=SIZES["layer_shape"]) for _ in range(2)]
         ok = [r for r in results if "error" not in r]
-        if not ok:
-            out["configs"][label] = {"error": results[0].get("error", "")[-600:]}
-            continue
-        s = dict(ok[-1])
-        s["extra_peak_alloc"] = max(r["extra_peak_alloc"] for r in ok)
-        s["extra_peak_used"] = max(r["extra_peak_used"] for r in ok)
-        s["n_mismatched_modules"] = max(r["n_mismatched_modules"] for r in ok)
-        s["seconds"] = [r["seconds"] for r in ok]
-        s["ring_bytes"] = max((rd["buffer_size"] for r in ok for rd in r["readers"]), default=None)
-        s["copy_args"] = sorted({str(rd["copy"]) for r in ok for rd in r["readers"]})
-        s["tree"] = W[wname].tree_label
-        out["configs"][label] = s
+        if len(ok) < len(results) or not all(r["processed"] for r in ok):
+            run.problem(f"processing peak on {wname}: {json.dumps(results)[:600]}")
+        peaks[wname] = max((r["peak_bytes"] for r in ok), default=None)
+    out["processing_peak"] = peaks
+    for tp in (1, TP):
+        for label, wname, env in configs:
+            if wname not in W:
+                continue
+            if time.monotonic() > until or run.left() < 45:
+                run.problem(f"deferred: {label} tp={tp} not run (time budget)")
+                continue
+            results = [
+                W[wname].call("layerwise", dir=folder, env=env, tp=tp, verify=i == 0)
+                for i in range(2)
+            ]
+            ok = [r for r in results if "error" not in r]
+            key = label if tp == 1 else f"{label} tp={tp}"
+            if not ok:
+                out["configs"][key] = {"error": results[0].get("error", "")[-600:], "tp": tp}
+                continue
+            s = dict(ok[0])
+            for k in ("extra_peak_alloc", "extra_peak_used", "extra_held_alloc"):
+                s[k] = max(r[k] for r in ok)
+            s["seconds"] = [r["seconds"] for r in ok]
+            s["ring_bytes"] = max(
+                (rd["buffer_size"] for r in ok for rd in r["readers"]), default=None
+            )
+            s["copy_args"] = sorted({str(rd["copy"]) for r in ok for rd in r["readers"]})
+            s["tree"] = W[wname].tree_label
+            out["configs"][key] = s
     return out
 
 
 def bench_real(run: Run, W: dict, ck: dict) -> dict:
+    """The transformers-written checkpoint, every tensor compared with what
+    safetensors reads: kept to the end (owned tensors must survive the
+    reader's close) or compared inline (borrowed ones, before the next)."""
     folder = ck["real"]["dir"]
-    b32 = str(32 * common.MiB)
+    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["real_bound"])}
+    copy0 = {"INSTANTTENSOR_COPY": "0"}
     configs = [
-        ("base", "base", {}, False),
-        ("series COPY=1 (kept)", "series", {"INSTANTTENSOR_COPY": "1"}, False),
-        ("series COPY=0 (inline)", "series", {"INSTANTTENSOR_COPY": "0"}, True),
-        ("series bound=32MiB (kept)", "series", {"INSTANTTENSOR_BUFFER_SIZE": b32}, False),
+        ("base", "base", {"env": {}, "inline": False}),
+        ("series COPY=1 (kept)", "series", {"env": {"INSTANTTENSOR_COPY": "1"}, "inline": False}),
+        ("series COPY=0 (inline)", "series", {"env": copy0, "inline": True}),
+        ("series bound (kept)", "series", {"env": bound, "inline": False}),
+        ("series bound COPY=0 (inline)", "series", {"env": {**bound, **copy0}, "inline": True}),
         (
-            "series bound=32MiB COPY=0 (inline)",
+            "series bound, pinned staging (inline)",
             "series",
-            {"INSTANTTENSOR_BUFFER_SIZE": b32, "INSTANTTENSOR_COPY": "0"},
-            True,
+            {"env": bound, "extra": PINNED, "inline": True},
+        ),
+        (
+            "series priority + bound + COPY=0 (inline)",
+            "series",
+            {
+                "env": {**bound, **copy0},
+                "extra": {"instanttensor_priority_prefixes": PRIORITY},
+                "inline": True,
+            },
         ),
     ]
-    out: dict = {"checkpoint": {k: v for k, v in ck["real"].items() if k != "order"}, "configs": {}}
-    for label, wname, env, inline in configs:
-        r = W[wname].call("real", dir=folder, env=env, inline=inline, timeout=120)
+    out: dict = {
+        "checkpoint": {k: v for k, v in ck["real"].items() if k != "order"},
+        "bound_bytes": SIZES["real_bound"],
+        "priority_prefixes": PRIORITY,
+        "configs": {},
+    }
+    for label, wname, kw in runnable(run, configs, out):
+        r = W[wname].call("real", dir=folder, timeout=120, **kw)
         r["tree"] = W[wname].tree_label
-        r["env"] = env
+        r["env"], r["extra"] = kw["env"], kw.get("extra")
         out["configs"][label] = r
         if "error" in r or r.get("n_mismatches") or not r.get("names_equal"):
             keys = ("error", "n_mismatches", "mismatches", "missing", "unexpected", "duplicates")
             run.problem(f"real-writer {label}: {json.dumps({k: r.get(k) for k in keys})[:600]}")
     return out
+
+
+def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
+    """The staging checkpoint's 1 GiB tensor read into a preallocated GPU
+    tensor: pageable (safetensors) against the series' pinned reader over a
+    grid of threads x chunk sizes (worker op ``pinned_read``)."""
+    info = ck["staging"]
+    r = W["series"].call(
+        "pinned_read", file=info["big_file"], tensor=info["big_tensor"], reps=5, timeout=150
+    )
+    r["tree"] = W["series"].tree_label
+    if "error" in r:
+        run.problem(f"pinned_read: {r['error'][-600:]}")
+    for label, m in r.get("methods", {}).items():
+        if not m.get("bitwise_equal"):
+            run.problem(f"pinned_read {label}: the GPU copy differs from the file")
+    return r
 
 
 def bench_tuning(run: Run, W: dict, ck: dict, pinned_gib_s: float | None) -> dict:
@@ -607,7 +769,11 @@ def main() -> int:
         "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: tooling tests only"
     )
     parser.add_argument("--small", action="store_true", help="tiny checkpoints (tests)")
-    parser.add_argument("--skip", default="", help="comma-separated phases to skip")
+    parser.add_argument(
+        "--skip",
+        default="tuning",
+        help="comma-separated phases to skip (default: tuning, InstantTensor's own knobs)",
+    )
     parser.add_argument(
         "--extra-path",
         action="append",
@@ -621,11 +787,16 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     skip = set(filter(None, args.skip.split(",")))
+    if args.small:
+        SIZES.update(SMALL_SIZES)
     run = Run(out, work, args.budget)
     res = run.res
+    res["skipped_phases"] = sorted(skip)
+    res["device"] = args.device
     bundle_dir = Path(args.bundle).resolve()
     bundle = json.loads((bundle_dir / "bundle.json").read_text())
     series_mode = "series" in bundle["trees"]
+    run.series_mode = series_mode
     res["mode"] = "series" if series_mode else "base-only smoke"
     res["bundle"] = {
         k: bundle.get(k)
@@ -645,7 +816,11 @@ def main() -> int:
     workers: dict[str, Worker] = {}
     gen = None
     try:
-        shm = choose_shm(run, 14 if not args.small else 0.1)
+        if args.small:  # tests: a folder of this run's own (/dev/shm may be shared)
+            shm = work / "checkpoints"
+            shm.mkdir()
+        else:
+            shm = choose_shm(run, SHM_GIB)
         facts = machine_facts(run, shm)
         res["machine"] = facts
 
@@ -756,7 +931,7 @@ def main() -> int:
         res["phases"]["checkpoints"] = {"rc": rc, "seconds": round(time.monotonic() - gen_t0, 1)}
         run.log(f"checkpoints: rc={rc}, {time.monotonic() - gen_t0:.1f}s since start")
         ck: dict = {}
-        for kind in ("synthetic", "staging", "layered", "real"):
+        for kind in ("synthetic", "staging", "heavy", "layered", "real"):
             path = shm / kind / "checkpoint.json"
             if path.exists():
                 ck[kind] = json.loads(path.read_text())
@@ -784,14 +959,22 @@ def main() -> int:
                     if name != "base" and not w.dead:
                         res["machine"][f"vllm_file_{name}"] = w.call("info").get("vllm_file")
             phases = [
-                ("real_writer", "real", lambda: bench_real(run, W, ck)),
-                ("throughput", "synthetic", lambda: bench_throughput(run, W, ck, args.repeats)),
-                ("staging", "staging", lambda: bench_staging(run, W, ck, 3)),
-                ("deferred", "layered", lambda: bench_deferred(run, W, ck, controls)),
+                ("real_writer", "real", lambda until: bench_real(run, W, ck)),
+                (
+                    "throughput",
+                    "synthetic",
+                    lambda until: bench_throughput(run, W, ck, args.repeats, until),
+                ),
+                ("staging", "staging", lambda until: bench_bounded(run, W, ck, "staging", until)),
+                ("heavy", "heavy", lambda until: bench_bounded(run, W, ck, "heavy", until)),
+                ("deferred", "layered", lambda until: bench_deferred(run, W, ck, controls, until)),
+                ("pinned_read", "staging", lambda until: bench_pinned_read(run, W, ck)),
                 (
                     "tuning",
                     "synthetic",
-                    lambda: bench_tuning(run, W, ck, res.get("throughput", {}).get("pinned_gib_s")),
+                    lambda until: bench_tuning(
+                        run, W, ck, res.get("throughput", {}).get("pinned_gib_s")
+                    ),
                 ),
             ]
             for key, needs, fn in phases:
@@ -806,7 +989,8 @@ def main() -> int:
                 t0 = time.monotonic()
                 run.log(f"benchmark {key} ...")
                 try:
-                    res[key] = fn()
+                    share = PHASE_SECONDS[key] * (SMALL_SCALE if args.small else 1)
+                    res[key] = fn(t0 + share)
                 except Exception as e:  # keep going: evidence first
                     import traceback
 
@@ -830,32 +1014,62 @@ def main() -> int:
 
 
 def check_semantics(run: Run, res: dict, series_mode: bool) -> None:
-    """The configurations did what their labels say (only meaningful on the series)."""
+    """The configurations did what their labels say (only meaningful on the
+    series; where a tensor lives, only on the GPU, where the CPU fallback is
+    told apart from InstantTensor's stream by its device)."""
     if not series_mode:
         return
     tp = res.get("throughput", {}).get("configs", {})
-    if tp.get("series COPY=0", {}).get("copy_args") not in (None, [], ["False"]):
-        run.problem(
-            f"series COPY=0 called InstantTensor with copy={tp['series COPY=0']['copy_args']}"
-        )
+    for label in ("series COPY=0", "series COPY=0, retention check off"):
+        if tp.get(label, {}).get("copy_args") not in (None, [], ["False"]):
+            run.problem(f"{label} called InstantTensor with copy={tp[label]['copy_args']}")
     if tp.get("base InstantTensor", {}).get("copy_args") not in (None, [], ["True"]):
         run.problem("base called InstantTensor with copy != True")
+    on_gpu = res.get("device", "cuda") == "cuda"
     for label, c in res.get("real_writer", {}).get("configs", {}).items():
-        if "bound" in label and not c.get("on_cpu"):
+        if "error" in c:
+            continue
+        n, cpu = c.get("n_tensors"), c.get("on_cpu", 0)
+        if on_gpu and "bound" in label and not cpu:
             run.problem(f"real-writer {label}: no tensor fell back to CPU")
-        if "COPY=0" in label and c.get("borrowed_marked", 0) + c.get("on_cpu", 0) != c.get(
-            "n_tensors"
+        if on_gpu and "COPY=0" in label and c["borrowed_marked"] - c["cpu_borrowed"] != n - cpu:
+            run.problem(
+                f"real-writer {label}: {c['borrowed_marked'] - c['cpu_borrowed']} of "
+                f"{n - cpu} tensors on the GPU marked borrowed"
+            )
+        if (
+            on_gpu
+            and "pinned staging" in label
+            and not (cpu and c["cpu_borrowed"] == cpu == c["cpu_pinned"])
         ):
             run.problem(
-                f"real-writer {label}: {c.get('borrowed_marked')} of "
-                f"{c.get('n_tensors')} tensors marked borrowed"
+                f"real-writer {label}: of {cpu} tensors on CPU, {c['cpu_borrowed']} marked"
+                f" borrowed and {c['cpu_pinned']} pinned (all must be)"
             )
+        if "priority" in label and not (c.get("priority_first") and c.get("n_priority")):
+            run.problem(
+                f"real-writer {label}: priority tensors ({c.get('n_priority')}) not yielded first"
+            )
+    for kind in ("staging", "heavy"):
+        c = res.get(kind, {}).get("configs", {}).get("series bound, pinned staging", {})
+        if c and on_gpu and not c.get("cpu_n"):
+            run.problem(f"{kind} series bound, pinned staging: no tensor fell back to CPU")
+    pr = res.get("pinned_read", {})
+    for label, m in pr.get("methods", {}).items():
+        if on_gpu and "pinned reader" in label and not m.get("is_pinned"):
+            run.problem(f"pinned_read {label}: the reader's tensor is not pinned memory")
 
 
 def finish(run: Run, res: dict, series_mode: bool, args) -> None:
+    """Verdicts, then the evidence: qualification.json first, so that a
+    failure of the summary or the plot cannot lose the figures."""
     out = run.out
     res["wall_seconds"] = round(run.elapsed(), 1)
-    res["targets"] = report.evaluate_targets(res)
+    try:
+        res["targets"] = report.evaluate_targets(res)
+    except Exception as e:
+        res["targets"] = []
+        run.problem(f"targets not evaluated: {type(e).__name__}: {e}")
     if series_mode:
         missed = [
             t["name"] for t in res["targets"] if not t["met"] and "ambitious" not in t["name"]
@@ -869,21 +1083,33 @@ def finish(run: Run, res: dict, series_mode: bool, args) -> None:
         for path in sorted(run.work.glob("*.log")):
             f.write(f"\n===== {path.name}\n")
             f.write(path.read_text(errors="replace")[-3_000_000:])
-    err = report.plot(res, out / "qualification.png")
+    common.write_json(out / "qualification.json", res)
+    try:
+        (out / "summary.md").write_text(report.render_summary(res))
+    except Exception as e:
+        res["problems"].append(f"summary.md not written: {type(e).__name__}: {e}")
+    try:
+        err = report.plot(res, out / "qualification.png")
+    except Exception as e:
+        err = f"no plot: {type(e).__name__}: {e}"
     if err:
         res["problems"].append(err)
     common.write_json(out / "qualification.json", res)
-    (out / "summary.md").write_text(report.render_summary(res))
     run.log(
         f"status {res['status']}; {len(res['problems'])} problems; wall {res['wall_seconds']} s"
     )
-    print_table(res)
+    try:
+        print_table(res)
+    except Exception as e:  # the status line must come out whatever the figures are
+        print(f"summary table failed: {type(e).__name__}: {e}")
+        print(f"STATUS {res.get('status')} wall {res.get('wall_seconds')} s")
     if not args.small:
         shutil.rmtree("/dev/shm/qual", ignore_errors=True)
 
 
 def print_table(res: dict) -> None:
     """The short table the device tool's reply carries (its output tail)."""
+    fmt, mib = report.fmt, report.mib
     print("\n==== summary ====")
     for name, run in res.get("tests", {}).items():
         if name == "negative_controls":
@@ -894,41 +1120,65 @@ def print_table(res: dict) -> None:
     tp = res.get("throughput", {})
     for label, c in tp.get("configs", {}).items():
         print(
-            f"tp {label:<32} {report.fmt(c.get('gib_s'))} GiB/s  x base "
-            f"{report.fmt(c.get('ratio_vs_base'))}  x pinned {report.fmt(c.get('ratio_vs_pinned'))}"
+            f"tp {label:<36} {fmt(c.get('gib_s'))} GiB/s  x base "
+            f"{fmt(c.get('ratio_vs_base'))}  x pinned {fmt(c.get('ratio_vs_pinned'))}"
         )
     if tp:
         print(
-            f"tp pinned H2D {report.fmt(tp.get('pinned_gib_s'))} GiB/s, pageable "
-            f"{report.fmt(tp.get('pageable_gib_s'))} GiB/s"
+            f"tp pinned H2D {fmt(tp.get('pinned_gib_s'))} GiB/s, pageable "
+            f"{fmt(tp.get('pageable_gib_s'))} GiB/s; rounds {tp.get('rounds')}/"
+            f"{tp.get('repeats')}; retention check: COPY=0 with / without "
+            f"{fmt(tp.get('retention_check_ratio'), 3)}"
         )
-    for label, c in res.get("staging", {}).get("configs", {}).items():
+    for kind in ("staging", "heavy"):
+        for label, c in res.get(kind, {}).get("configs", {}).items():
+            print(
+                f"{kind} {label:<29} {fmt(c.get('gib_s'))} GiB/s x unbound "
+                f"{fmt(c.get('ratio_vs_unbound'))} ring {mib(c.get('ring_bytes'))} MiB peak "
+                f"{mib(c.get('peak_used_delta'))} MiB cpu {mib(c.get('cpu_bytes'))} MiB @ "
+                f"{fmt(c.get('cpu_gb_s'))} GB/s"
+            )
+    peaks = res.get("deferred", {}).get("processing_peak", {})
+    if peaks:
         print(
-            f"staging {label:<22} {report.fmt(c.get('gib_s'))} GiB/s ring "
-            f"{report.mib(c.get('ring_bytes'))} MiB peak {report.mib(c.get('peak_used_delta'))}"
-            f" MiB cpu {report.mib(c.get('cpu_bytes'))} MiB @ {report.fmt(c.get('cpu_gb_s'))} GB/s"
+            f"processing one layer {peaks.get('shape')}: peak base {mib(peaks.get('base'))} MiB,"
+            f" series {mib(peaks.get('series'))} MiB"
         )
     for label, c in res.get("deferred", {}).get("configs", {}).items():
+        bound = c.get("tp_local_bound_bytes")
         print(
-            f"deferred {label:<34} extra {report.mib(c.get('extra_peak_alloc'))} MiB "
-            f"(+ring {report.mib(c.get('extra_peak_used'))}) mismatched "
-            f"{c.get('n_mismatched_modules')}"
+            f"deferred {label:<36} extra {mib(c.get('extra_peak_alloc'))} MiB held "
+            f"{mib(c.get('extra_held_alloc'))} (+ring {mib(c.get('extra_peak_used'))}) bound "
+            f"{mib(bound)} mismatched {c.get('n_mismatched_modules')}"
+            + (f" ERROR {c['error'][-120:]}" if "error" in c else "")
         )
     for label, c in res.get("real_writer", {}).get("configs", {}).items():
         print(
-            f"real {label:<36} n={c.get('n_tensors')} names_equal={c.get('names_equal')} "
+            f"real {label:<42} n={c.get('n_tensors')} names_equal={c.get('names_equal')} "
             f"mismatches={c.get('n_mismatches')} cpu={c.get('on_cpu')} "
-            f"borrowed={c.get('borrowed_marked')}"
+            f"borrowed={c.get('borrowed_marked')} pinned={c.get('cpu_pinned')}"
+        )
+    pr = res.get("pinned_read", {})
+    for label, m in pr.get("methods", {}).items():
+        print(
+            f"pinned_read {label:<40} {fmt(m.get('gb_s'))} GB/s (read "
+            f"{fmt(m.get('read_median_s'), 3)} s) pinned={fmt(m.get('is_pinned'))}"
+            f" equal={fmt(m.get('bitwise_equal'))}"
+        )
+    if pr.get("best"):
+        print(
+            f"pinned_read best {pr['best']} default {pr.get('default')} "
+            f"alloc {[round(a, 3) for a in pr.get('alloc_s', [])]} s"
         )
     best = res.get("tuning", {}).get("best")
     if best:
         print(
-            f"tuning best: {best['label']} {report.fmt(best['gib_s'])} GiB/s "
-            f"x pinned {report.fmt(best.get('ratio_vs_pinned'))}"
+            f"tuning best: {best['label']} {fmt(best['gib_s'])} GiB/s "
+            f"x pinned {fmt(best.get('ratio_vs_pinned'))}"
         )
     for t in res.get("targets", []):
         print(
-            f"target {t['name']}: {report.fmt(t['value'])} ({t['target']}) "
+            f"target {t['name']}: {fmt(t['value'])} ({t['target']}) "
             f"{'MET' if t['met'] else 'missed'}"
         )
     for p in res.get("problems", []):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import py_compile
 import subprocess
 import sys
@@ -316,52 +317,101 @@ def test_targets_and_summary_from_made_up_results():
             "seconds": seconds,
             "bytes": 8 * gib,
             "cpu_bytes": cpu,
-            "cpu_seconds": 0.1,
+            "cpu_seconds": 0.04,
             "peak_used_delta": peak,
             "torch_peak_delta": 0,
             "readers": [{"buffer_size": ring, "copy": True}] if ring else [],
         }
 
-    tp = {
-        label: report.summarise_loads([load(s), load(s * 1.01)])
-        for label, s in (
-            ("base InstantTensor", 0.25),
-            ("series COPY=1", 0.255),
-            ("series COPY=0", 0.24),
-        )
-    }
-    st = {
-        "base bound=64MiB": report.summarise_loads([load(0.3, ring=gib, peak=2 * gib)]),
-        "series bound=64MiB": report.summarise_loads(
-            [load(0.32, ring=64 * mib, peak=300 * mib, cpu=gib)]
-        ),
-    }
+    def configs(times: dict) -> dict:
+        return {label: report.summarise_loads([load(*args)]) for label, args in times.items()}
+
+    tput = configs(
+        {
+            "base InstantTensor": (0.25,),
+            "series COPY=1": (0.255,),
+            "series COPY=0": (0.24,),
+            "series COPY=0, retention check off": (0.235,),
+            "base InstantTensor (A/A repeat)": (0.251,),
+        }
+    )
+    staging = configs(
+        {
+            "series bound": (0.6, 64 * mib, 200 * mib, gib),
+            "series bound, pinned staging": (0.3, 64 * mib, 204 * mib, gib),
+            "series unbound": (0.25, 2 * gib, 3 * gib),
+        }
+    )
+    heavy = configs(
+        {
+            "series bound": (1.5, 64 * mib, 200 * mib, 3 * gib),
+            "series bound, pinned staging": (0.5, 64 * mib, 240 * mib, 3 * gib),
+            "series unbound": (0.28, 2 * gib, 3 * gib),
+        }
+    )
+    for table in (staging, heavy):
+        for c in table.values():
+            c["ratio_vs_unbound"] = c["median_s"] / table["series unbound"]["median_s"]
+
+    def deferred(extra, tp=1):
+        bound = 32 * mib
+        return {
+            "tp": tp,
+            "extra_peak_alloc": extra,
+            "incomplete_bound_bytes": bound,
+            "tp_local_bound_bytes": bound // tp,
+            "n_mismatched_modules": 0,
+        }
+
     res = {
         "mode": "series",
-        "throughput": {"configs": tp, "pinned_gib_s": 50.0},
-        "staging": {"configs": st},
+        "throughput": {
+            "configs": tput,
+            "pinned_gib_s": 50.0,
+            "retention_check_ratio": tput["series COPY=0"]["gib_s"]
+            / tput["series COPY=0, retention check off"]["gib_s"],
+        },
+        "staging": {"configs": staging, "bound_bytes": 64 * mib},
+        "heavy": {"configs": heavy, "bound_bytes": 64 * mib, "oversized_fraction": 0.43},
         "deferred": {
+            "tp": 8,
             "configs": {
-                "series COPY=0": {
-                    "extra_peak_alloc": 32 * mib,
-                    "incomplete_bound_bytes": 32 * mib,
-                    "n_mismatched_modules": 0,
-                    "model_bytes": gib,
-                }
-            }
+                "base (always copies)": deferred(64 * mib),
+                "series COPY=0": deferred(0),
+                "base (always copies) tp=8": deferred(64 * mib, 8),
+                "series COPY=0 tp=8": deferred(8 * mib, 8),
+            },
         },
     }
     targets = {t["name"]: t for t in report.evaluate_targets(res)}
     assert targets["throughput series COPY=1 / base"]["met"]
     assert targets["throughput series COPY=0 / base"]["met"]
-    assert not targets["series best / pinned H2D ceiling (ambitious)"]["met"]
-    assert targets["CPU-fallback bytes move at (GB/s)"]["value"] == pytest.approx(10.737, 1e-3)
-    assert targets["series ring with bound 64 MiB (MiB)"]["met"]
-    assert targets["peak GPU memory saved vs base (MiB)"]["met"]
-    assert targets["deferred ownership extra peak (MiB)"]["met"]
+    assert "A/A repeat of the base: 0.996" in targets["throughput series COPY=0 / base"]["note"]
+    check = targets["retention check: COPY=0 throughput with / without it"]
+    assert check["value"] == pytest.approx(0.235 / 0.24) and "2.1 %" in check["note"]
+    assert not any("ambitious" in name for name in targets)  # the tuning phase did not run
+    fallback = targets["CPU fallback with pinned staging, to the end of the GPU copy (GB/s)"]
+    assert fallback["value"] == pytest.approx(gib / 0.04 / 1e9) and fallback["met"]
+    one_big = targets["bounded load (64 MiB, one 1 GiB tensor) with pinned staging / unbounded"]
+    assert one_big["value"] == pytest.approx(1.2) and one_big["met"]
+    assert one_big["note"] == "pageable fallback 2.40"
+    many = targets["heavy checkpoint (43 % oversized) bounded with pinned staging / unbounded"]
+    assert many["value"] == pytest.approx(0.5 / 0.28) and not many["met"]
+    assert targets["ring with pinned staging (MiB)"]["met"]
+    peak = targets["peak GPU memory, pinned staging minus pageable fallback (MiB)"]
+    assert peak["value"] == 40 and not peak["met"]  # the heavy checkpoint's 40 MiB
+    assert targets["deferred extra peak, series COPY=0 (MiB)"]["met"]
+    tp8 = targets["deferred extra peak, series COPY=0 tp=8 (MiB)"]
+    assert tp8["value"] == 8 and not tp8["met"] and tp8["note"] == "base: 64.00 MiB"
+    assert targets["deferred values bitwise equal (series, whole and TP-like)"]["met"]
+
+    res["tuning"] = {"grid": [{"label": "defaults", "gib_s": 41.0}], "best": {"gib_s": 41.0}}
+    targets = {t["name"]: t for t in report.evaluate_targets(res)}
+    assert targets["series best / pinned H2D ceiling (ambitious)"]["value"] == pytest.approx(0.82)
     res["targets"] = list(targets.values())
     text = report.render_summary(res)
-    assert "| series COPY=0 |" in text and "## Targets" in text and "qualification.png" in text
+    assert "| series COPY=0, retention check off |" in text and "## Targets" in text
+    assert "43 % of it above the bound" in text and "series COPY=0 tp=8" in text
 
 
 def _base_checkout(tmp_path: Path) -> Path:
@@ -434,11 +484,59 @@ class safe_open:  # noqa: N801
 '''
 
 
+def write_standin(folder: Path) -> Path:
+    """An ``instanttensor`` package made of STANDIN under ``folder``; returns
+    ``folder`` (for ``--extra-path``)."""
+    package = folder / "instanttensor"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from ._impl import Backend, safe_open\n")
+    (package / "_impl.py").write_text(STANDIN)
+    return folder
+
+
+def run_all(
+    bundle_dir: Path, tmp_path: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """run_all.py on CPU with tiny checkpoints and the stand-in; returns the
+    process and qualification.json."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(DEVICE_SCRIPTS / "run_all.py"),
+            "--bundle",
+            str(bundle_dir),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--device",
+            "cpu",
+            "--small",
+            "--repeats",
+            "1",
+            "--budget",
+            "500",
+            "--extra-path",
+            str(write_standin(tmp_path / "standin")),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
+    for name in ("qualification.json", "summary.md", "run.log", "bench.log"):
+        assert (out / name).exists(), (name, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "==== summary ====" in proc.stdout and "STATUS" in proc.stdout
+    return proc, json.loads((out / "qualification.json").read_text())
+
+
 def test_device_procedure_end_to_end_on_cpu(tmp_path):
-    """run_all.py against the real base tree, on CPU, with tiny checkpoints
-    and a stand-in instanttensor: every phase runs and the evidence is
-    written; the CUDA smoke tests are skipped (and reported as a problem,
-    as they must be on the GPU machine)."""
+    """run_all.py against the real base tree alone (a smoke run), on CPU, with
+    tiny checkpoints and a stand-in instanttensor: every phase runs and the
+    evidence is written; the CUDA smoke tests are skipped (and reported as a
+    problem, as they must be on the GPU machine); the configurations that
+    need the series are listed as not run."""
     pytest.importorskip("transformers")
     checkout = _base_checkout(tmp_path)
     bundle_dir = tmp_path / ".device"
@@ -459,52 +557,156 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
             }
         )
     )
-    standin = tmp_path / "standin" / "instanttensor"
-    standin.mkdir(parents=True)
-    (standin / "__init__.py").write_text("from ._impl import Backend, safe_open\n")
-    (standin / "_impl.py").write_text(STANDIN)
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(DEVICE_SCRIPTS / "run_all.py"),
-            "--bundle",
-            str(bundle_dir),
-            "--out",
-            str(out),
-            "--work",
-            str(tmp_path / "work"),
-            "--device",
-            "cpu",
-            "--small",
-            "--repeats",
-            "1",
-            "--skip",
-            "tuning",
-            "--budget",
-            "500",
-            "--extra-path",
-            str(standin.parent),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=560,
-    )
-    res = json.loads((out / "qualification.json").read_text())
+    proc, res = run_all(bundle_dir, tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:]  # CUDA tests skipped on CPU
     assert res["mode"] == "base-only smoke"
+    assert res["skipped_phases"] == ["tuning"] and "tuning" not in res
     smoke = res["tests"]["smoke (base tree)"]
     assert smoke["totals"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 2}
     assert [p for p in res["problems"] if "skipped" not in p and "plot" not in p] == []
     for label, c in res["real_writer"]["configs"].items():
         assert c["names_equal"] and c["n_mismatches"] == 0, label
         assert c["n_tensors"] == res["checkpoints"]["real"]["n_tensors"]
+    assert res["real_writer"]["not_run"] == [
+        "series bound, pinned staging (inline) (needs the series)",
+        "series priority + bound + COPY=0 (inline) (needs the series)",
+    ]
     for label, c in res["throughput"]["configs"].items():
         assert c["verify"]["n_mismatches"] == 0 and c["verify"]["names_ok"], label
         assert c["runs"] == 1
-    assert res["staging"]["configs"]["series bound=64MiB"]["verify"]["names_ok"]
+    for kind in ("staging", "heavy"):
+        configs = res[kind]["configs"]
+        assert "series bound, pinned staging" not in configs
+        assert configs["series bound"]["verify"]["names_ok"], kind
     for label, c in res["deferred"]["configs"].items():
         assert c["n_mismatched_modules"] == 0 and c["never_processed"] == 0, label
-    for name in ("summary.md", "run.log", "pytest.log", "bench.log"):
-        assert (out / name).exists(), name
-    assert "SMOKE RUN" in (out / "summary.md").read_text()
+    assert {c["tp"] for c in res["deferred"]["configs"].values()} == {1, 8}
+    assert res["pinned_read"]["pinned_reader"] == "absent from this tree"
+    assert "SMOKE RUN" in (tmp_path / "out" / "summary.md").read_text()
+
+
+# --- the device procedure on the series --------------------------------------------
+
+SERIES_ENV = "DEVICE_TEST_SERIES"
+
+
+def _series_patches(folder: Path) -> list[Path]:
+    """The series the device scripts are written for: the commits after the
+    base of the vLLM checkout named by DEVICE_TEST_SERIES, else patches/."""
+    checkout = os.environ.get(SERIES_ENV)
+    if not checkout:
+        return manifest_mod.load().patch_paths(manifest_mod.PATCH_DIR)
+    base = manifest_mod.load().base.commit
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["git", "-C", checkout, "format-patch", "-q", "-o", str(folder), f"{base}..HEAD"],
+        check=True,
+    )
+    return sorted(folder.glob("*.patch"))
+
+
+@pytest.fixture(scope="module")
+def series_bundle(tmp_path_factory) -> Path:
+    """A device bundle of the series (no wheels) built as ``make
+    device-bundle`` builds one, with fast compression."""
+    manifest = manifest_mod.load()
+    repo = base_mod.base_repo_path(manifest.base.project, manifest.base.version)
+    if not g.rev(repo, base_mod.BASE_BRANCH):
+        pytest.skip("the vLLM base is not materialised here (make venv does it)")
+    tmp = tmp_path_factory.mktemp("series-bundle")
+    patches = _series_patches(tmp / "patches")
+    if not any("class _PinnedReader" in p.read_text() for p in patches):
+        pytest.skip(
+            "the series has no pinned host staging, which the device scripts measure:"
+            f" set {SERIES_ENV} to a vLLM checkout of the series (base + patches as commits)"
+        )
+    bundle_dir = tmp / ".device"
+    (bundle_dir / "wheels").mkdir(parents=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(device, "CACHE_DIR", tmp / "cache")
+        mp.setattr(device, "XZ_PRESET", 0)
+        trees = device.build_trees(repo, base_mod.BASE_BRANCH, patches, bundle_dir, log=print)
+    bundle = {
+        "base": {"version": manifest.base.version, "commit": g.rev(repo, base_mod.BASE_BRANCH)},
+        "patches": [
+            {"file": p.name, "patch_id": device.patchset.patch_id_of_file(p)} for p in patches
+        ],
+        "mode": "series",
+        **trees,
+        "wheels": [],
+    }
+    (bundle_dir / "bundle.json").write_text(json.dumps(bundle, indent=1))
+    return bundle_dir
+
+
+def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
+    """run_all.py on the series' bundle (base, series and negative-control
+    trees), on CPU: every benchmark configuration runs, and what each one
+    claims holds where a CPU can tell (copy argument, retention check off,
+    priority tensors first, pinned staging's borrowed tensors, bitwise
+    values whole and TP-like); the report has every target, and the GPU
+    test phase is skipped (tests run in test-series)."""
+    pytest.importorskip("transformers")
+    proc, res = run_all(series_bundle, tmp_path, "--skip", "tests,tuning")
+    assert res["mode"] == "series"
+    assert [p for p in res["problems"] if "plot" not in p] == [], proc.stdout[-3000:]
+    assert proc.returncode == 0 and res["status"] == "pass"
+    controls = res["bundle"]["negative_controls"]
+    assert [c["test"] for c in controls] == list(device.NEGATIVE_CONTROLS)
+
+    tp = res["throughput"]["configs"]
+    assert tp["series COPY=0, retention check off"]["copy_args"] == ["False"]
+    assert tp["series COPY=0, retention check off"]["verify"]["n_mismatches"] == 0
+    assert res["throughput"]["retention_check_ratio"] is not None
+
+    real = res["real_writer"]["configs"]
+    assert "not_run" not in res["real_writer"]
+    for label, c in real.items():
+        assert c["names_equal"] and c["n_mismatches"] == 0, label
+    assert real["series COPY=0 (inline)"]["borrowed_marker"] == "_vllm_borrowed_weight"
+    pinned = real["series bound, pinned staging (inline)"]
+    assert pinned["cpu_borrowed"] == 2  # embed_tokens and lm_head, above the bound
+    priority = real["series priority + bound + COPY=0 (inline)"]
+    assert priority["priority_first"] and priority["n_priority"] == 2
+
+    for kind in ("staging", "heavy"):
+        configs = res[kind]["configs"]
+        assert set(configs) == {label for label, _, _ in run_all_module().bounded_configs(kind)}
+        for label, c in configs.items():
+            assert c["verify"]["n_mismatches"] == 0 and c["verify"]["names_ok"], (kind, label)
+            assert c["ratio_vs_unbound"] is not None, (kind, label)
+        assert configs["series bound"]["ring_bytes"] <= res[kind]["bound_bytes"]
+    assert res["heavy"]["oversized_fraction"] >= 0.4
+
+    deferred = res["deferred"]["configs"]
+    control = controls[0]["tree"]
+    for prefix in ("base (always copies)", "series COPY=1", "series COPY=0"):
+        for key in (prefix, f"{prefix} tp=8"):
+            assert deferred[key]["n_mismatched_modules"] == 0, key
+    for key in (f"{control} COPY=0 (no ownership)", f"{control} COPY=0 (no ownership) tp=8"):
+        assert "error" not in deferred[key], key
+    peaks = res["deferred"]["processing_peak"]
+    assert peaks["shape"] == [256, 256] and "base" in peaks and "series" in peaks
+    whole, local = deferred["series COPY=0"], deferred["series COPY=0 tp=8"]
+    assert local["tp_local_bound_bytes"] * 8 == whole["incomplete_bound_bytes"]
+    assert local["materialised_bytes"] < whole["materialised_bytes"] / 4
+
+    pr = res["pinned_read"]
+    assert len(pr["methods"]) == 1 + 4 * 3
+    assert all(m["bitwise_equal"] for m in pr["methods"].values())
+    assert all(m["borrowed_marked"] for k, m in pr["methods"].items() if "pinned" in k)
+    assert pr["default"]["threads"] == 8 and pr["best"]["gb_s"] > 0
+
+    targets = {t["name"]: t for t in res["targets"]}
+    assert len(targets) == 12 and not any("ambitious" in name for name in targets)
+    for name, t in targets.items():
+        assert t["value"] is not None, name
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    for heading in ("Reading one", "Staging bound", "Deferred ownership", "## Targets"):
+        assert heading in summary, heading
+
+
+def run_all_module():
+    import run_all
+
+    return run_all
