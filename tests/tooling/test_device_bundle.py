@@ -710,3 +710,53 @@ def run_all_module():
     import run_all
 
     return run_all
+
+
+def test_tp2_on_cpu(series_bundle, tmp_path):
+    """tp2.py with two gloo ranks on CPU and the stand-in: it unpacks the
+    trees it needs from the bundle, loads both checkpoints in every
+    configuration bitwise on both ranks, and both ranks fail with the same
+    error, quickly, when their bounds differ."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(DEVICE_SCRIPTS / "tp2.py"),
+            "--bundle",
+            str(series_bundle),
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--small",
+            "--rounds",
+            "2",
+            "--budget",
+            "240",
+            "--extra-path",
+            str(write_standin(tmp_path / "standin")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    res = json.loads((out / "tp2.json").read_text())
+    assert res["problems"] == [], proc.stdout[-3000:]
+    assert proc.returncode == 0 and "STATUS pass" in proc.stdout
+    assert (out / "tp2.log").exists()
+    assert set(res["results"]) == {"typical", "heavy"}
+    for ck_name, rows in res["results"].items():
+        assert set(rows) == set(res["configs"]), ck_name
+        for label, row in rows.items():
+            assert row["verified"] and len(row["samples_s"]) == 2, (ck_name, label)
+    typical = res["checkpoints"]["typical"]
+    assert 0 < typical["oversized_bytes"] <= 0.1 * typical["payload_bytes"]
+    heavy = res["checkpoints"]["heavy"]
+    assert 0.4 <= heavy["oversized_bytes"] / heavy["payload_bytes"] <= 0.6
+    agreement = res["agreement"]
+    assert len(agreement) == 2 and agreement[0]["raised"] == agreement[1]["raised"]
+    assert "instanttensor_buffer_size" in agreement[0]["raised"]
+    assert all(a["seconds"] < 30 for a in agreement)
+    assert {t["name"] for t in res["targets"]} >= {"typical: series bound / base collective"}
