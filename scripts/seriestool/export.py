@@ -7,7 +7,8 @@ version footer), ``--full-index`` (full blob ids on ``index`` lines, so
 ``git am -3`` can always fall back to a 3-way merge), ``--no-numbered``
 (adding a patch does not rewrite every other file) and pinned diff settings
 (see ``git._PINNED_CONFIG``).  Export also refreshes the manifest: the patch
-list, subjects, stable patch IDs and the base blob id of every touched file.
+list, subjects, stable patch IDs, the sha256 of each file and the base blob
+id of every touched file.
 
 Refusals, each changing nothing: an empty range (it would delete the series),
 a merge in the range, uncommitted changes under ``patches/`` (they would be
@@ -87,6 +88,7 @@ def refresh_manifest(
             file=p.name,
             subject=patchset.subject_of_file(p),
             patch_id=patchset.patch_id_of_file(p),
+            sha256=patchset.sha256_of_file(p),
         )
         for p in patch_files
     ]

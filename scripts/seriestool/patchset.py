@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import email.header
 import email.parser
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def patch_id_of_file(path: Path) -> str:
     if pid is None:
         raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
     return pid
+
+
+def sha256_of_file(path: Path) -> str:
+    """Hex sha256 of a patch file's bytes: every byte counts (author, message,
+    line numbers), unlike the stable patch ID."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def subject_of_file(path: Path) -> str:

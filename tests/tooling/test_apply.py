@@ -118,6 +118,7 @@ def test_failing_patch_restores_checkout_exactly(toy_series, detached):
     second = patch_dir / manifest.patches[1].file
     second.write_text(second.read_text().replace(" def load(x):", " def load(y):"))
     manifest.patches[1].patch_id = patchset.patch_id_of_file(second)
+    manifest.patches[1].sha256 = patchset.sha256_of_file(second)
     if detached:
         repo.git("checkout", "-q", "--detach", "HEAD")
     _user_clutter(repo)

@@ -23,7 +23,7 @@ from seriestool import audit, check_manifest, cli
 from seriestool import base as base_mod
 from seriestool.git import blob_ids
 from seriestool.manifest import load as load_manifest
-from seriestool.patchset import files_touched, patch_id_of_file, subject_of_file
+from seriestool.patchset import files_touched, patch_id_of_file, sha256_of_file, subject_of_file
 
 CONFIG_0 = "A = 1\nB = 2\nC = 3\n"
 CONFIG_3 = "A = 1\nB = 2\nC = 3\nLOADER = 'safetensors'\n"
@@ -131,6 +131,7 @@ def write_manifest(path: Path, patch_dir: Path, base: str, repo: Repo) -> None:
                 "file": f,
                 "subject": subject_of_file(patch_dir / f),
                 "patch_id": patch_id_of_file(patch_dir / f),
+                "sha256": sha256_of_file(patch_dir / f),
             }
             for f in files
         ],
