@@ -65,7 +65,7 @@ def commit_patch_ids(
     diff is limited to them (commits touching none of them are skipped).
     Commits are listed oldest first; ``max_count`` keeps only the newest ones.
     """
-    args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff",
+    args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff", "--no-textconv",
             "--format=commit %H"]  # fmt: skip
     if max_count is not None:
         args.append(f"--max-count={max_count}")
@@ -99,20 +99,30 @@ def files_touched(repo: Path, patch: Path) -> list[str]:
     return sorted(paths)
 
 
-def am(repo: Path, patches: Sequence[Path], three_way: bool = True) -> None:
+def am(
+    repo: Path,
+    patches: Sequence[Path],
+    three_way: bool = True,
+    env: dict[str, str] | None = None,
+    hooks: Path | None = None,
+) -> None:
     """``git am [--3way]`` the patches onto HEAD of ``repo``.
+
+    Every option that a setting could change is given explicitly; hooks are
+    off (``git.git``), unless ``hooks`` names a folder the tool made itself.
 
     Raises:
         SeriesError: a patch did not apply; the am session is left in
             progress for the caller to report and abort.
     """
     # --keep-non-patch: strip only "[PATCH]", keep "[Model Loader]"-style tags.
-    # The user's hooks (e.g. a commit-msg linter) must not veto or rewrite
-    # series commits: their content is fixed by the patch files.
-    args = ["-c", "core.hooksPath=/dev/null", "am", "--quiet", "--no-keep-cr", "--keep-non-patch"]
+    args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors",
+            "--no-message-id", "--no-gpg-sign", "--no-signoff", "--whitespace=nowarn"]  # fmt: skip
     if three_way:
         args.append("--3way")
-    g.git(repo, *args, *[str(p) for p in patches])
+    if hooks is not None:
+        args = ["-c", f"core.hooksPath={hooks}", *args]
+    g.git(repo, *args, *[str(p) for p in patches], env=env)
 
 
 # `git status --porcelain` codes of unmerged paths.  In `git am --3way`, "us"

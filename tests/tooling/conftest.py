@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+
+# The real git, resolved before any test puts a test double first on PATH.
+GIT = shutil.which("git")
+# Configuration a test may point at the tool; the tests' own git calls ignore it.
+_HOSTILE_ENV = ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM",
+                "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT")  # fmt: skip
+
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Test Author",
@@ -49,11 +58,13 @@ class Repo:
         self.path = path
 
     def git(self, *args: str, check: bool = True, input: str | None = None) -> str:
-        import os
-
-        env = dict(os.environ, **IDENTITY, LC_ALL="C")
+        # The test's own calls: no hooks, no optional index refresh (a
+        # snapshot must not rewrite the index it records), no hostile config.
+        env = {k: v for k, v in os.environ.items() if k not in _HOSTILE_ENV}
+        env.update(IDENTITY, LC_ALL="C", GIT_OPTIONAL_LOCKS="0")
+        quiet = ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false"]
         proc = subprocess.run(
-            ["git", "-C", str(self.path), *args],
+            [GIT, "-C", str(self.path), *quiet, *args],
             capture_output=True, text=True, env=env, input=input,
         )  # fmt: skip
         if check and proc.returncode != 0:
