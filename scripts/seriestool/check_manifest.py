@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import hints, patchset
 from . import manifest as manifest_mod
-from . import patchset
 
 
 def problems(
@@ -42,19 +42,19 @@ def problems(
         if actual != entry.patch_id:
             found.append(
                 f"{entry.file}: stable patch ID {actual} but the manifest records"
-                f" {entry.patch_id}; the patch changed: re-export it (`make export`)"
+                f" {entry.patch_id}; the patch changed: re-export it (`{hints.make('export')}`)"
             )
         elif not entry.sha256:
             found.append(
                 f"{entry.file}: the manifest records no sha256 of its bytes (it was written"
-                " before patch files were pinned): re-export the series (`make export`)"
+                f" before patch files were pinned): re-export the series (`{hints.make('export')}`)"
             )
         elif sha256 != entry.sha256:
             found.append(
                 f"{entry.file}: sha256 {sha256} but the manifest records"
                 f" {entry.sha256}; its bytes changed (its author, message or hunk"
                 " line numbers: what the stable patch ID ignores): restore the file, or"
-                " re-export the series (`make export`) if the change is intended"
+                f" re-export the series (`{hints.make('export')}`) if the change is intended"
             )
         subject = patchset.subject_of_file(path)
         if subject != entry.subject:
@@ -66,7 +66,7 @@ def problems(
         stale = ", ".join(sorted(recorded - touched)) or "-"
         found.append(
             f"touched files disagree with the manifest: unrecorded {extra}; recorded but"
-            f" untouched {stale}; re-export (`make export`)"
+            f" untouched {stale}; re-export (`{hints.make('export')}`)"
         )
     return found
 

@@ -32,8 +32,8 @@ import tempfile
 from pathlib import Path
 
 from . import git as g
+from . import hints, interrupts, patchset, scratch
 from . import manifest as manifest_mod
-from . import patchset, scratch
 from .apply import SERIES_BASE_KEY, default_checkout
 from .errors import SeriesError
 
@@ -154,6 +154,11 @@ def export_series(
     Raises:
         SeriesError: unknown branch or base, or a merge in the range.
     """
+    with interrupts.deferred():
+        return _export(repo, manifest, branch, base, patch_dir, manifest_path, log)
+
+
+def _export(repo, manifest, branch, base, patch_dir, manifest_path, log) -> list[Path]:
     if not g.rev(repo, branch):
         raise SeriesError(f"{repo} has no branch or commit {branch!r}; pass BRANCH=<name>")
     base_commit = resolve_base(repo, manifest, base, branch)
@@ -166,6 +171,7 @@ def export_series(
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         files = format_patches(repo, base_commit, branch, Path(tmp))
         refresh_manifest(manifest, repo, base_commit, files)
+        interrupts.check()  # from here on, the write runs to its end
         patch_dir.mkdir(parents=True, exist_ok=True)
         for old in patch_dir.glob("*.patch"):
             old.unlink()
@@ -185,7 +191,8 @@ def _refuse_uncommitted_patches(patch_dir: Path) -> None:
         raise SeriesError(
             f"{patch_dir} has uncommitted changes that export would overwrite:\n  "
             + "\n  ".join(status.splitlines()[:10])
-            + "\ncommit or discard them (`git checkout -- patches/`) and run again"
+            + f"\ncommit or discard them (`{hints.git(patch_dir, 'checkout', '--', '.')}`) and"
+            " run again"
         )
 
 
@@ -193,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
     repo = g.toplevel(Path(args.vllm)) if args.vllm else default_checkout()
     if not repo.exists():
-        raise SeriesError(f"{repo} does not exist; run `make apply` first or pass VLLM=")
+        raise SeriesError(
+            f"{repo} does not exist; run `{hints.make('apply')}` first, or name the checkout"
+            " with VLLM="
+        )
     export_series(repo, manifest, args.branch or manifest.branch_name, args.base)
     return 0
 

@@ -10,25 +10,25 @@ Every git call of the tooling goes through ``git()``.  It runs git:
   the pager) are off;
 - with the ``GIT_*`` environment cleared except the author and committer
   identity, and untranslated messages (callers quote git's errors);
-- in a session of its own, so a Ctrl-C at the terminal reaches the tool, and
-  never a git command half-way.
+- in a session of its own, so a Ctrl-C at the terminal reaches the tool, which
+  stops at a safe point (``interrupts``), and never a git command half-way.
 
 What stays the user's: the repository's content conversions (``core.autocrlf``,
 ``.gitattributes`` filters), since they decide how the user's work tree looks,
-and the identity that commits made in the user's checkout carry.  Output the
-tool records (patches, patch IDs) is produced in scratch repositories that
-have no such settings (``scratch.view``).
+and the identity that commits made in the user's checkout carry
+(``user_identity``).  Output the tool records (patches, patch IDs) is produced
+in scratch repositories that have no such settings (``scratch.view``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import interrupts
 from .errors import SeriesError
 
 # Pinned on every call, on the command-line scope.
@@ -142,10 +142,14 @@ def git(
 ) -> subprocess.CompletedProcess:
     """Run ``git -C repo args...`` hermetically (see the module doc).
 
+    A signal the tool deferred (``interrupts``) is acted on before the call:
+    the call raises ``interrupts.Interrupted`` instead of running.
+
     Raises:
         SeriesError: git exited non-zero and ``check`` is true; the message
             carries the command and git's own stderr.
     """
+    interrupts.check()
     cmd = ["git", "-C", str(repo), *args]
     if isinstance(input, str) and not text:
         input = input.encode()
@@ -248,47 +252,19 @@ def tracked_changes(repo: Path) -> list[str]:
     return [line for line in status.splitlines() if line.strip()]
 
 
-@dataclasses.dataclass(frozen=True)
-class RepoState:
-    """Where a checkout stands: enough to put it back exactly.
+def user_identity(repo: Path) -> dict[str, str]:
+    """``GIT_COMMITTER_NAME``/``EMAIL`` as the user's own git would commit in ``repo``.
 
-    Only taken on a clean work tree (callers refuse dirty trees first), so the
-    index and work tree are fully described by HEAD.
+    Read with the user's full configuration (``git var``: environment, repo,
+    global and system config); the tool's identity when none is configured.
     """
-
-    repo: Path
-    head: str
-    branch: str | None  # None: detached HEAD
-    branch_tips: dict[str, str]
-    stash: str | None
-
-    @classmethod
-    def capture(cls, repo: Path) -> RepoState:
-        head = rev(repo, "HEAD")
-        if head is None:
-            raise SeriesError(f"{repo} has no commits; check out a vLLM revision first")
-        proc = git(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-        branch = proc.stdout.strip() or None
-        tips = {}
-        listing = out(repo, "for-each-ref", "--format=%(refname:short) %(objectname)", "refs/heads")
-        for line in listing.splitlines():
-            name, oid = line.rsplit(" ", 1)
-            tips[name] = oid
-        return cls(repo, head, branch, tips, rev(repo, "refs/stash"))
-
-    def restore(self) -> None:
-        """Put HEAD, branch, index and work tree back; drop branches made since.
-
-        Never touches untracked files or the stash.
-        """
-        if self.branch is not None:
-            git(self.repo, "checkout", "-q", "--force", self.branch)
-        else:
-            git(self.repo, "checkout", "-q", "--force", "--detach", self.head)
-        git(self.repo, "reset", "-q", "--hard", self.head)
-        now = RepoState.capture(self.repo)
-        for name, oid in now.branch_tips.items():
-            if name not in self.branch_tips:
-                git(self.repo, "branch", "-q", "-D", name)
-            elif oid != self.branch_tips[name]:
-                git(self.repo, "update-ref", f"refs/heads/{name}", self.branch_tips[name])
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
+        capture_output=True, text=True, env=env, check=False, start_new_session=True,
+    )  # fmt: skip
+    name, sep, rest = proc.stdout.partition(" <")
+    email = rest.partition(">")[0]
+    if proc.returncode != 0 or not sep or not name.strip():
+        name, email = "vLLM loader series", "series@localhost"
+    return {"GIT_COMMITTER_NAME": name.strip(), "GIT_COMMITTER_EMAIL": email}

@@ -1,16 +1,21 @@
 """The tool's own git calls are immune to the user's git setup.
 
-Hooks and the programs settings name never run, and format/diff/apply/merge
-settings, set in the repository, globally or system wide, do not change what
-``export`` writes (byte for byte, manifest included).
+Hooks never run (a hook that fails must not break apply or its restore), and
+format/diff/apply/merge settings, set in the repository, globally or system
+wide, change neither what ``export`` writes (byte for byte, manifest
+included) nor what ``apply`` commits.
 """
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
-from conftest import Repo
+from conftest import Repo, snapshot
+from seriestool import apply as apply_mod
 from seriestool import export as export_mod
 from seriestool import manifest as manifest_mod
+from seriestool.errors import SeriesError
 
 LOADER = "".join(
     f"def f{n}(x):\n\n    return x + {n}\n\n" if n % 5 else f"# section {n}\n\n" for n in range(40)
@@ -221,3 +226,70 @@ def test_export_is_byte_identical_with_every_setting_at_once(
     _export(repo, manifest, manifest.base.commit, again)
     assert _contents(again) == expected
     assert not (tmp_path / "ran").exists()
+
+
+# --------------------------------------------------------------------------
+# apply
+
+
+def _commits(repo: Repo, base: str) -> list[str]:
+    """What apply committed: tree, author, date and message of each commit
+    (read with explicit options: the test's own git sees the same config)."""
+    log = repo.git("log", "--reverse", "--encoding=UTF-8", "--no-mailmap", "--no-notes",
+                   "--format=%T %an <%ae> %aI%n%B%x00", f"{base}..HEAD")  # fmt: skip
+    return log.split("\0")
+
+
+@pytest.fixture
+def applied_reference(rich_series, tmp_path):
+    """The commits apply makes without any special configuration."""
+    repo, manifest, patch_dir = rich_series
+    clean = Repo(tmp_path / "clean")
+    shutil.copytree(repo.path, clean.path)
+    apply_mod.apply_series(clean.path, manifest, patch_dir, log=lambda *_: None)
+    return _commits(clean, manifest.base.commit)
+
+
+@pytest.mark.parametrize("scope", ["repo", "global", "system"])
+def test_apply_commits_the_same_whatever_the_config(
+    rich_series, applied_reference, tmp_path, monkeypatch, scope
+):
+    repo, manifest, patch_dir = rich_series
+    _hostile(scope, _settings(tmp_path), repo, tmp_path, monkeypatch)
+    assert apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None) == 0
+    assert _commits(repo, manifest.base.commit) == applied_reference
+    assert repo.git("symbolic-ref", "--short", "HEAD") == manifest.branch_name
+    assert repo.git("status", "--porcelain", "--untracked-files=no") == ""
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("where", ["global core.hooksPath", "repo core.hooksPath", ".git/hooks"])
+@pytest.mark.parametrize("outcome", ["applies", "fails"])
+def test_user_hooks_neither_run_nor_break_apply_or_its_restore(
+    toy_series, tmp_path, monkeypatch, where, outcome
+):
+    repo, manifest, patch_dir = toy_series
+    marker = tmp_path / "ran"
+    if where == ".git/hooks":
+        _hooks(repo.path / ".git" / "hooks", marker)
+    else:
+        hooks = _hooks(tmp_path / "hooks", marker)
+        scope = "global" if where.startswith("global") else "repo"
+        _hostile(scope, [("core.hooksPath", str(hooks))], repo, tmp_path, monkeypatch)
+    if outcome == "fails":
+        second = patch_dir / manifest.patches[1].file
+        second.write_text(second.read_text().replace(" def load(x):", " def load(y):"))
+        from seriestool import check_manifest, patchset
+
+        manifest.patches[1].patch_id = patchset.patch_id_of_file(second)
+        manifest.patches[1].sha256 = patchset.sha256_of_file(second)
+        assert check_manifest.problems(manifest, patch_dir) == []
+    before = snapshot(repo)
+    if outcome == "applies":
+        assert apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None) == 0
+        assert repo.git("symbolic-ref", "--short", "HEAD") == manifest.branch_name
+    else:
+        with pytest.raises(SeriesError, match="nothing was changed"):
+            apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+        assert snapshot(repo) == before
+    assert not marker.exists(), marker.read_text()
