@@ -1,5 +1,6 @@
 # The vLLM weight-loader patch series: see README.md for each target.
-# Every target runs the Python tooling in scripts/seriestool from .venv.
+# Every target runs the Python tooling in scripts/seriestool from .venv
+# (check-manifest and restore run with the system python3 alone).
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,6 +10,7 @@ BRANCH ?=
 BASE ?=
 CONSOLIDATED ?=
 TO ?=
+PATCHES ?=
 CONTINUE ?=
 ABORT ?=
 KEEP ?=
@@ -17,9 +19,11 @@ JSON ?=
 # Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
 ARGS ?=
 
-opt = $(if $(2),$(1) $(2))
+# `$(call opt,--vllm,VLLM)`: the option with the variable's value, taken from
+# the environment make gives the recipe, so a path with spaces stays one word.
+opt = $(if $($(2)),$(1) "$$$(2)")
 
-.PHONY: venv base apply export check-manifest check rebase test test-tooling \
+.PHONY: venv base apply export check-manifest check rebase restore test test-tooling \
 	test-series lint device-bundle
 
 venv:
@@ -29,23 +33,28 @@ base: venv
 	$(SERIES) base
 
 apply: venv
-	$(SERIES) apply $(call opt,--vllm,$(VLLM))
+	$(SERIES) apply $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES)
 
 export: venv
-	$(SERIES) export $(call opt,--vllm,$(VLLM)) $(call opt,--branch,$(BRANCH)) $(call opt,--base,$(BASE))
+	$(SERIES) export $(call opt,--vllm,VLLM) $(call opt,--branch,BRANCH) $(call opt,--base,BASE)
 
 check-manifest:
 	@PYTHONPATH=scripts python3 -m seriestool check-manifest
 
 # Silent recipe: with JSON=1, stdout is the report alone.
 check: venv
-	@$(SERIES) check $(call opt,--consolidated,$(CONSOLIDATED)) $(call opt,--vllm,$(VLLM)) \
-		$(call opt,--base,$(BASE)) $(if $(JSON),--json) $(ARGS)
+	@$(SERIES) check $(call opt,--consolidated,CONSOLIDATED) $(call opt,--vllm,VLLM) \
+		$(call opt,--base,BASE) $(call opt,--patches-dir,PATCHES) $(if $(JSON),--json) $(ARGS)
 
-rebase: venv
-	$(SERIES) rebase $(call opt,--to,$(TO)) $(call opt,--vllm,$(VLLM)) \
+# ABORT=1 needs nothing installed: it only puts things back.
+rebase: $(if $(ABORT),,venv)
+	$(SERIES) rebase $(call opt,--to,TO) $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES) \
 		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(KEEP),--keep-conflict) \
-		$(if $(NOTEST),--skip-tests)
+		$(if $(NOTEST),--skip-tests) $(ARGS)
+
+# Undo what an interrupted `make apply` left in VLLM= (it prints this command).
+restore:
+	@PYTHONPATH=scripts python3 -m seriestool restore $(call opt,--vllm,VLLM)
 
 test: venv check-manifest lint test-tooling test-series
 

@@ -2,22 +2,33 @@
 
 Order of checks, each a refusal that changes nothing:
 
-0. the patch files agree with the manifest (``check-manifest``): a patch edited
-   by hand would otherwise be applied as if it were the series;
-1. the checkout has no am/rebase/merge/cherry-pick in progress and no staged or
-   unstaged changes to tracked files (untracked files are left alone);
-2. the series is not already there (detected by stable patch ID, not by branch
-   name) — if it is, say so and exit 0;
-3. the base is the pinned one: HEAD is the pinned commit, or every file the
-   series touches has the blob id the manifest records.
+0. the patch files are the manifest's, byte for byte (``check-manifest``): a
+   patch edited by hand would otherwise be applied as if it were the series;
+1. no interrupted apply or rebase left the checkout part-way (``journal``),
+   no am/rebase/merge/cherry-pick is in progress, no staged or unstaged
+   change to tracked files (untracked files are left alone);
+2. the series is not already there: every file the series touches holds the
+   series' result (blob ids compared; the history is not what counts) — if
+   it is, say so and exit 0;
+3. the base is the pinned one: every file the series touches has the blob id
+   the manifest records (or the checkout holds a prefix of the series, or
+   something else: both refused, naming the files);
+4. nothing is in the way of a file the series creates: a file there, ignored
+   or not, is the user's and is never overwritten.
 
-Then a new branch named after the series version and base is created and the
-patches are applied with ``git am --3way``, one commit per patch with its own
-message and author.  The commit the series starts from is recorded in the
-branch's git config (``branch.<name>.seriesBase``), so ``export`` knows where
-the series begins even on a checkout with local commits below it.  If a patch
-fails, the am session is aborted and the original branch (or detached HEAD),
-index and work tree are restored exactly.
+Then the series is built away from the checkout: each patch is applied with
+``git am --3way`` in a scratch repository that reads the checkout's objects
+(``scratch.checkout``), the result is checked file by file against the
+patches' recorded postimages (``placement``), and only then is the checkout
+switched, in one journaled transaction (``journal``): a new branch named
+after the series version and base, the commit the series starts from
+recorded in the branch's git config (``branch.<name>.seriesBase``, read by
+``export``), and the work tree and index moved to the series' tip with
+``git read-tree -m -u`` (which, unlike ``git checkout``, never overwrites an
+untracked or ignored file).  A failure, SIGINT or SIGTERM at any moment rolls
+the checkout back byte for byte; after a SIGKILL a re-run names the one
+command that does.  The commits carry each patch's author and message and,
+as committer, the user's own git identity.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import argparse
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, patchset
+from . import check_manifest, hints, interrupts, journal, patchset, placement, scratch
 from . import git as g
 from . import manifest as manifest_mod
 from .errors import SeriesError
@@ -34,11 +45,6 @@ from .report import table
 
 # Branch config key recording where an applied series starts (read by export).
 SERIES_BASE_KEY = "seriesBase"
-
-# How far back HEAD's history is searched for the series' patch IDs.  Only
-# commits touching series files count, so this reaches past any realistic
-# number of local commits on top of the series.
-APPLIED_SEARCH_DEPTH = 500
 
 
 def default_checkout() -> Path:
@@ -56,70 +62,49 @@ def ensure_default_checkout(manifest: manifest_mod.Manifest, log=print) -> Path:
 
 
 def refuse_unsafe_state(repo: Path) -> None:
-    """Refuse an operation in progress or changes to tracked files."""
+    """Refuse a leftover of an interrupted change, an operation in progress
+    or changes to tracked files."""
+    journal.refuse_leftover(repo)
     op = g.operation_in_progress(repo)
     if op:
+        abort = {"git am": "am", "git rebase": "rebase", "git rebase (apply backend)": "rebase",
+                 "git merge": "merge", "git cherry-pick": "cherry-pick",
+                 "git revert": "revert", "git bisect": "bisect"}[op]  # fmt: skip
+        verb = "reset" if abort == "bisect" else "--abort"
         raise SeriesError(
-            f"{repo}: a {op} is in progress; finish it or abort it "
-            f"(e.g. `git am --abort`, `git rebase --abort`) and run again"
+            f"{repo}: a {op} is in progress; finish it, or abort it with\n"
+            f"    {hints.git(repo, abort, verb)}\nand run again"
         )
     changes = g.tracked_changes(repo)
     if changes:
         shown = "\n  ".join(changes[:10])
         raise SeriesError(
             f"{repo} has uncommitted changes to tracked files:\n  {shown}\n"
-            "commit or stash them (`git stash`) and run again"
+            f"commit or stash them (`{hints.git(repo, 'stash')}`) and run again"
         )
 
 
-def find_applied(repo: Path, manifest: manifest_mod.Manifest, ref: str = "HEAD") -> dict[str, str]:
-    """Map patch file → commit in ``ref``'s history carrying its patch ID."""
-    paths = sorted(manifest.base.touched_files)
-    if not paths:
-        return {}
-    found = {
-        pid: commit
-        for commit, pid in patchset.commit_patch_ids(
-            repo, ref, paths, max_count=APPLIED_SEARCH_DEPTH
-        )
-    }
-    return {p.file: found[p.patch_id] for p in manifest.patches if p.patch_id in found}
+def _describe(blob: str | None) -> str:
+    return "absent" if blob is None else f"blob {blob[:12]}"
 
 
-def base_mismatches(repo: Path, manifest: manifest_mod.Manifest) -> list[str]:
-    """Touched files whose blob at HEAD differs from the manifest (empty: base ok)."""
-    head = g.rev(repo, "HEAD")
-    if head == manifest.base.commit or (head or "").startswith(manifest.base.upstream_commit):
-        return []
-    actual = g.blob_ids(repo, "HEAD", sorted(manifest.base.touched_files))
+def classify(
+    head: dict[str, str | None], states: list[dict[str, str | None]]
+) -> tuple[int | None, list[str]]:
+    """How many patches the checkout's files hold: ``(k, [])`` when they are
+    exactly the series after ``k`` patches, else ``(None, differences from the base)``."""
+    for k in (len(states) - 1, 0, *range(1, len(states) - 1)):
+        if head == states[k]:
+            return k, []
+    base, result = states[0], states[-1]
     differ = []
-    for path, expected in sorted(manifest.base.touched_files.items()):
-        if actual[path] != expected:
-            state = "missing" if actual[path] is None else f"blob {actual[path][:12]}"
-            want = "absent" if expected is None else f"blob {expected[:12]}"
-            differ.append(f"{path}: {state}, base has {want}")
-    return differ
-
-
-def _failure_detail(repo: Path, am_error: str, patches: list[Path]) -> str:
-    """Which patch failed and where: git's am state, conflicts and own messages."""
-    gdir = g.git_dir(repo)
-    lines = []
-    msgnum = gdir / "rebase-apply" / "next"
-    if msgnum.exists():
-        number = int(msgnum.read_text())
-        name = patches[number - 1].name if 0 < number <= len(patches) else "?"
-        lines.append(f"failing patch: number {number} of the series ({name})")
-    lines += patchset.conflict_lines(repo, ours="the checkout")
-    # git's own explanation (patch failed: FILE:LINE, untracked files in the
-    # way, ...), without the hints about `git am --continue` that do not apply.
-    message = am_error.split(": ", 1)[1] if am_error.startswith("git ") else am_error
-    for line in message.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("hint:", "When you have resolved", "If you prefer",
-                                         "To restore the original", "Use 'git am")):  # fmt: skip
-            lines.append(line)
-    return "\n  ".join(lines)
+    for path in sorted(base):
+        if head[path] != base[path]:
+            also = ", the series' result" if head[path] == result[path] else ""
+            differ.append(
+                f"{path}: {_describe(head[path])}{also}; base has {_describe(base[path])}"
+            )
+    return None, differ
 
 
 def apply_series(
@@ -135,7 +120,15 @@ def apply_series(
 
     Raises:
         SeriesError: a refusal or a failed patch; the checkout is unchanged.
+        interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; the checkout is unchanged.
     """
+    with interrupts.deferred() as guard:
+        return _apply(Path(repo), manifest, Path(patch_dir), log, guard)
+
+
+def _apply(
+    repo: Path, manifest: manifest_mod.Manifest, patch_dir: Path, log, guard: interrupts.Guard
+) -> int:
     if not g.is_repo(repo):
         raise SeriesError(
             f"{repo} is not a git checkout: VLLM= must name the top of a vLLM git checkout"
@@ -145,92 +138,172 @@ def apply_series(
         raise SeriesError(
             "the patch files disagree with the manifest; not applying them:\n  "
             + "\n  ".join(problems)
-            + "\nRestore the patches (`git checkout -- patches/`) or, if the change is"
-            " intended, re-export the series (`make export`)"
+            + f"\nRestore the patches (`{hints.git(patch_dir, 'checkout', '--', '.')}`) or,"
+            f" if the change is intended, re-export the series (`{hints.make('export')}`)"
         )
     repo = g.toplevel(repo)
     refuse_unsafe_state(repo)
-
     if not manifest.patches:
         log("the series is empty; nothing to apply")
         return 0
-    applied = find_applied(repo, manifest)
-    if len(applied) == len(manifest.patches):
-        log(f"series already applied in {repo}; nothing changed")
-        log(_summary(repo, manifest, applied, "already applied"))
-        return 0
-    if applied:
-        raise SeriesError(
-            f"{repo} holds only part of the series ({', '.join(sorted(applied))});"
-            " check out the base revision and apply the whole series"
-        )
 
-    differ = base_mismatches(repo, manifest)
+    patches = manifest.patch_paths(patch_dir)
+    images = patchset.images(patches)
+    states = patchset.states(manifest.base.touched_files, images)
+    head = g.rev(repo, "HEAD")
+    if head is None:
+        raise SeriesError(f"{repo} has no commits; check out a vLLM revision first")
+    paths = sorted(manifest.base.touched_files)
+    holds, differ = classify(g.blob_ids(repo, head, paths), states)
+    if holds == len(patches):
+        log(f"series already applied in {repo}: its files hold the series' result; nothing changed")
+        return 0
+    if holds:
+        raise SeriesError(
+            f"{repo} holds only part of the series: its files are the series' state after"
+            f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
+        )
     if differ:
         raise SeriesError(
             f"{repo} is not at the pinned base {manifest.base.project} "
             f"{manifest.base.version} (upstream {manifest.base.upstream_commit}):\n  "
             + "\n  ".join(differ)
-            + "\nCheck out that revision, or carry the series to yours with"
-            f" `make rebase TO=<version or commit> VLLM={repo}`"
+            + "\nCheck out that revision, or carry the series to this checkout's HEAD with\n"
+            + "    "
+            + hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
         )
 
     branch = manifest.branch_name
     if g.rev(repo, f"refs/heads/{branch}"):
         raise SeriesError(
             f"branch {branch} already exists in {repo} but HEAD does not carry the"
-            f" series; check it out (`git checkout {branch}`) or delete it"
-            f" (`git branch -D {branch}`) and run again"
+            f" series; check it out (`{hints.git(repo, 'checkout', branch)}`) or delete it"
+            f" (`{hints.git(repo, 'branch', '-D', branch)}`) and run again"
+        )
+    created = {p for p in paths if states[0][p] is None and states[-1][p] is not None}
+    in_the_way = journal.occupied(repo, created)
+    if in_the_way:
+        raise SeriesError(
+            f"the series creates files that already exist in {repo}; apply never"
+            " overwrites them:\n  "
+            + "\n  ".join(in_the_way)
+            + "\nmove them out of the way and run again"
         )
 
-    state = g.RepoState.capture(repo)
-    start = state.head
+    tip, commits = _build(repo, head, patches, images, states[-1], paths)
+    summary = _summary(manifest, commits, "applied")
+    tx = journal.Transaction.begin(repo, "apply", {p: {states[-1][p]} for p in created})
     try:
-        g.git(repo, "checkout", "-q", "-b", branch)
-        g.git(repo, "config", f"branch.{branch}.{SERIES_BASE_KEY}", start)
-        patchset.am(repo, manifest.patch_paths(patch_dir))
-    except SeriesError as e:
-        detail = _failure_detail(repo, str(e), manifest.patch_paths(patch_dir))
-        if g.operation_in_progress(repo):
-            g.git(repo, "am", "--abort", check=False)
-        state.restore()
-        raise SeriesError(
-            f"the series does not apply to {repo}; nothing was changed\n  {detail}"
-        ) from None
-
-    commits = [c for c, _ in patchset.commit_patch_ids(repo, f"{start}..HEAD")]
+        g.git(repo, "update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)
+        g.git(repo, "config", f"branch.{branch}.{SERIES_BASE_KEY}", head)
+        # read-tree, not checkout: it refuses to overwrite untracked and
+        # ignored files rather than deleting them.  It trusts the index's
+        # file stats, which a copied checkout no longer matches: refresh them.
+        g.git(repo, "update-index", "-q", "--refresh", check=False)
+        g.git(repo, "read-tree", "-m", "-u", head, tip)
+        g.git(repo, "symbolic-ref", "-m", "seriestool apply", "HEAD", f"refs/heads/{branch}")
+        interrupts.check()  # the last moment a signal undoes the apply
+    except BaseException:
+        for note in tx.rollback():
+            log(note)
+        raise
+    tx.commit()
+    guard.completed()
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
-    by_file = dict(zip([p.file for p in manifest.patches], commits, strict=True))
-    log(_summary(repo, manifest, by_file, "applied"))
+    log(summary)
     return 0
 
 
-def _summary(
-    repo: Path, manifest: manifest_mod.Manifest, commits: dict[str, str], status: str
-) -> str:
-    actual = {}
-    if commits:
-        for commit, pid in patchset.commit_patch_ids(
-            repo, "HEAD", sorted(manifest.base.touched_files), max_count=APPLIED_SEARCH_DEPTH
-        ):
-            actual[commit] = pid
-    rows = []
-    for p in manifest.patches:
-        commit = commits.get(p.file, "")
-        row_status = status
-        if commit and actual.get(commit) != p.patch_id:
-            row_status = f"{status}, patch ID differs: {actual.get(commit, '?')[:12]}"
-        rows.append((p.file, p.subject, commit[:12], p.patch_id[:12], row_status))
+def _patches_arg(patch_dir: Path) -> str | None:
+    """``PATCHES=`` for a printed make command: only when not the default folder."""
+    return None if patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve() else str(patch_dir)
+
+
+def _build(
+    repo: Path,
+    start: str,
+    patches: list[Path],
+    images: list,
+    result: dict[str, str | None],
+    paths: list[str],
+) -> tuple[str, list[str]]:
+    """The series' commits on ``start``, made in a scratch repository; their
+    objects are then fetched into ``repo`` (no ref, no file of it changes).
+
+    Raises:
+        SeriesError: a patch does not apply (naming it and git's reason), or
+            the result is not the series' (naming the file).
+    """
+    identity = g.user_identity(repo)
+    with scratch.checkout(repo, start, paths) as work:
+        commits = []
+        before = start
+        for number, (patch, image) in enumerate(zip(patches, images, strict=True), 1):
+            try:
+                patchset.am(work, [patch], env=identity)
+            except SeriesError as e:
+                raise SeriesError(
+                    f"the series does not apply to {repo}; nothing was changed\n  "
+                    + _failure_detail(work, str(e), number, patch)
+                ) from None
+            after = g.out(work, "rev-parse", "HEAD")
+            disagree = placement.check(work, before, after, image, ours="the checkout")
+            if disagree or after == before:
+                raise SeriesError(
+                    f"{patch.name} does not give its recorded result on {repo}; nothing was"
+                    " changed\n  " + "\n  ".join(disagree or ["it made no change"])
+                )
+            commits.append(after)
+            before = after
+        actual = g.blob_ids(work, before, paths)
+        wrong = [p for p in paths if actual[p] != result[p]]
+        if wrong:
+            raise SeriesError(
+                f"the applied series is not the series' recorded result in {', '.join(wrong)};"
+                " nothing was changed"
+            )
+        g.git(work, "config", "uploadpack.allowAnySHA1InWant", "true")
+        g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
+              str(work), before)  # fmt: skip
+    return before, commits
+
+
+def _failure_detail(work: Path, am_error: str, number: int, patch: Path) -> str:
+    """Which patch failed and where: conflicts and git's own messages."""
+    lines = [f"failing patch: number {number} of the series ({patch.name})"]
+    lines += patchset.conflict_lines(work, ours="the checkout")
+    # git's own explanation (patch failed: FILE:LINE, ...), without the hints
+    # about `git am --continue`: the am ran in a scratch repository.
+    message = am_error.split(": ", 1)[1] if am_error.startswith("git ") else am_error
+    for line in message.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("hint:", "When you have resolved", "If you prefer",
+                                         "To restore the original", "Use 'git am")):  # fmt: skip
+            lines.append(line)
+    return "\n  ".join(lines)
+
+
+def _summary(manifest: manifest_mod.Manifest, commits: list[str], status: str) -> str:
+    rows = [
+        (p.file, p.subject, commit[:12], p.patch_id[:12], status)
+        for p, commit in zip(manifest.patches, commits, strict=True)
+    ]
     return table(("patch", "subject", "commit", "stable patch ID", "status"), rows)
 
 
 def run(args: argparse.Namespace) -> int:
-    manifest = manifest_mod.load()
+    manifest_path = Path(args.manifest) if args.manifest else None
+    patch_dir = Path(args.patches_dir) if args.patches_dir else None
+    if manifest_path is None:
+        manifest_path = (patch_dir or manifest_mod.PATCH_DIR) / "series.json"
+    manifest = manifest_mod.load(manifest_path)
     repo = Path(args.vllm) if args.vllm else ensure_default_checkout(manifest)
-    return apply_series(repo, manifest)
+    return apply_series(repo, manifest, patch_dir or manifest_path.parent)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("apply", help="apply the series onto the pinned base or VLLM")
     p.add_argument("--vllm", help="vLLM checkout (default: materialise the pinned base)")
+    p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
+    p.add_argument("--manifest", help="its manifest (default: <patches-dir>/series.json)")
     p.set_defaults(func=run)

@@ -30,6 +30,13 @@ The command refuses to audit a series whose patch files disagree with the
 manifest (``check_manifest.problems``): a patch edited by hand would otherwise
 become the reference the branch is compared with.
 
+BASE defaults to the pinned base: the materialised base commit, else the
+upstream commit it was made from.  A fork that has neither is told what is
+missing and how to supply it.  When BASE's files are not the patches'
+preimages, the series is placed with ``git am --3way`` and every patch is
+checked against a 3-way merge from its recorded preimage (``placement``);
+without those blobs the audit refuses, naming the files.
+
 Exit status: 0 when every patch is identical or combined, nothing is extra and
 the end state is equal, or every other finding is accepted with ``--accept``;
 1 when a finding is not accepted; 2 when the audit cannot run (bad input,
@@ -43,6 +50,7 @@ import bisect
 import dataclasses
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -52,9 +60,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, patchset
+from . import check_manifest, hints, patchset, placement
 from . import git as g
 from . import manifest as manifest_mod
+from . import scratch as scratch_mod
 from .errors import SeriesError
 from .report import table
 
@@ -69,14 +78,8 @@ MISSING = "missing"
 # Statuses that fail the audit unless accepted.
 FAILING = (CHANGED, MISSING)
 
-# Scratch-clone identity and hook isolation: `git am` there must neither need
-# the user's identity nor run the user's hooks.
-_SCRATCH_CONFIG = {
-    "user.name": "seriestool audit",
-    "user.email": "audit@series.invalid",
-    "core.hooksPath": "/dev/null",
-    "gc.auto": "0",
-}
+# Where the pinned base can be fetched from, by project.
+UPSTREAM_REPOSITORIES = {"vllm": "https://github.com/vllm-project/vllm.git"}
 _SERIES_REF = "refs/heads/audit-series"
 _CONSOLIDATED_REF = "refs/heads/audit-consolidated"
 
@@ -198,8 +201,12 @@ def audit(
     patch_files: Sequence[Path],
     accepts: Sequence[Accept] = (),
     creation_factor: int | None = None,
+    pinned: manifest_mod.Base | None = None,
 ) -> Report:
     """Audit ``BASE..CONSOLIDATED`` of ``repo`` against the series ``patch_files``.
+
+    ``pinned``: the manifest's base, named in the advice when BASE lacks the
+    blobs the series needs.
 
     Only reads ``repo``; all writing happens in a scratch clone that is removed
     afterwards.
@@ -215,45 +222,55 @@ def audit(
     repo = Path(repo)
     if g.git(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
         raise SeriesError(
-            f"{repo} is not a git repository: run `make apply` to produce the default"
-            " checkout, or pass VLLM=<checkout> (--vllm) naming the repository that"
-            " holds the consolidated branch"
+            f"{repo} is not a git repository: run `{hints.make('apply')}` to produce the default"
+            " checkout, or name the repository that holds the consolidated branch with"
+            " VLLM= (--vllm)"
         )
-    base = _resolve(repo, base_ref, "base", "--base/BASE=<commit the branch starts from>")
-    cons = _resolve(repo, consolidated_ref, "consolidated", "--consolidated/CONSOLIDATED=<ref>")
+    base = _resolve(repo, base_ref, "base", "BASE= (--base) the commit the branch starts from")
+    cons = _resolve(repo, consolidated_ref, "consolidated", "CONSOLIDATED= (--consolidated)")
     if g.git(repo, "merge-base", "--is-ancestor", base, cons, check=False).returncode != 0:
         raise SeriesError(
             f"base {base_ref} ({base[:12]}) is not an ancestor of {consolidated_ref}"
-            f" ({cons[:12]}): pass --base/BASE=<the commit {consolidated_ref} was"
-            " built on>"
+            f" ({cons[:12]}): name the commit {consolidated_ref} was built on with"
+            " BASE= (--base)"
         )
     for path in patch_files:
         if not path.is_file():
             raise SeriesError(
                 f"patch file {path} listed in the manifest does not exist:"
-                " run `make check-manifest` to see how the two disagree"
+                f" run `{hints.make('check-manifest')}` to see how the two disagree"
             )
 
-    with tempfile.TemporaryDirectory(prefix="seriestool-audit-") as tmp:
-        scratch = Path(tmp) / "scratch"
-        g.git(Path(tmp), "clone", "-q", "--shared", "--no-checkout", str(repo), str(scratch))
-        paths = sorted({p for f in patch_files for p in patchset.files_touched(scratch, f)})
-        _prepare_scratch(scratch, base, paths)
-        series_commits = _apply_series(scratch, base, patch_files)
-        series_tip = series_commits[-1] if series_commits else base
-        g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
-
-        results = [
-            PatchResult(file=f.name, subject=patchset.subject_of_file(f), patch_id=None)
-            for f in patch_files
-        ]
-        if paths:
-            extra, files, n_cons = _classify(
-                scratch, base, series_commits, series_tip, cons, paths, results,
-                creation_factor, Path(tmp),
-            )  # fmt: skip
-        else:  # empty series: nothing is owned, nothing to compare
-            extra, files, n_cons = [], [], 0
+    images, touched = patchset.images_and_paths(patch_files)
+    paths = sorted({p for each in touched for p in each})
+    _refuse_unplaceable(repo, base_ref, base, images, pinned)
+    results = [
+        PatchResult(file=f.name, subject=patchset.subject_of_file(f), patch_id=None)
+        for f in patch_files
+    ]
+    extra, files, cons_ids = [], [], []  # an empty series: nothing owned, nothing to compare
+    if paths:
+        # `:(literal)`: series paths are file names, never glob patterns.
+        pathspecs = [f":(literal){p}" for p in paths]
+        with scratch_mod.view(repo) as view:
+            # One pipeline over the whole consolidated range; commits touching
+            # no series path are skipped by git itself.
+            cons_ids = patchset.commit_patch_ids(view, f"{base}..{cons}", pathspecs)
+            found = _without_building(view, base, cons, patch_files, images, touched, paths,
+                                      cons_ids, results)  # fmt: skip
+        if found is not None:
+            extra, files = found
+        else:
+            with tempfile.TemporaryDirectory(prefix="seriestool-audit-") as tmp:
+                scratch = scratch_mod.make_checkout(repo, Path(tmp) / "scratch", base, paths)
+                series_commits = _apply_series(scratch, base, patch_files, images)
+                g.git(scratch, "update-ref", _SERIES_REF, series_commits[-1])
+                g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
+                extra, files = _classify(
+                    scratch, base, series_commits, cons, paths, cons_ids, results,
+                    creation_factor, Path(tmp),
+                )  # fmt: skip
+    n_cons = len(cons_ids)
 
     report = Report(
         repo=str(repo),
@@ -272,28 +289,81 @@ def audit(
     return report
 
 
+def _without_building(
+    view: Path,
+    base: str,
+    cons: str,
+    patch_files: Sequence[Path],
+    images: list[patchset.Image],
+    touched: list[list[str]],
+    paths: list[str],
+    cons_ids: list[tuple[str, str]],
+    results: list[PatchResult],
+) -> tuple[list[ExtraCommit], list[FileState]] | None:
+    """The audit's findings without building the series, when that is exact.
+
+    BASE holds every patch's recorded preimages, so each patch file's stable
+    patch ID is its commit's and the series' result is its postimages (the
+    ``index`` lines).  When every patch has an identical commit and the tip's
+    series-owned files are that result, the report needs nothing else.
+    Otherwise (or when a file section records no blob ids) None: the full
+    audit builds the series in a scratch checkout.
+    """
+    if any(set(each) != set(image) for each, image in zip(touched, images, strict=True)):
+        return None
+    expected = g.tree_entries(view, base, paths)
+    for image in images:
+        for path, (pre, post) in image.items():
+            if expected.get(path) != pre:
+                return None
+            if post is None:
+                expected.pop(path, None)
+            else:
+                expected[path] = post
+    if g.tree_entries(view, cons, paths) != expected:
+        return None
+    unclaimed = dict(cons_ids)
+    by_id: dict[str, list[str]] = {}
+    for commit, pid in cons_ids:
+        by_id.setdefault(pid, []).append(commit)
+    claims = []
+    for patch in patch_files:
+        pid = patchset.patch_id_of_file(patch)
+        candidates = [c for c in by_id.get(pid, []) if c in unclaimed]
+        if not candidates:
+            return None
+        claims.append((pid, candidates[0]))
+        del unclaimed[candidates[0]]
+    for result, (pid, commit) in zip(results, claims, strict=True):
+        result.patch_id, result.status, result.commits = pid, IDENTICAL, [commit]
+    extras = [c for c, _ in cons_ids if c in unclaimed]
+    pathspecs = [f":(literal){p}" for p in paths]
+    info = _commit_info(view, extras, pathspecs) if extras else {}
+    files = []
+    for path in paths:
+        entry = {"mode": expected[path][0], "blob": expected[path][1]} if path in expected else None
+        files.append(FileState(path, entry, entry))
+    return [ExtraCommit(commit=c, subject=info[c][0], paths=info[c][1]) for c in extras], files
+
+
 def _classify(
     scratch: Path,
     base: str,
     series_commits: list[str],
-    series_tip: str,
     cons: str,
     paths: list[str],
+    cons_ids: list[tuple[str, str]],
     results: list[PatchResult],
     creation_factor: int | None,
     tmp: Path,
-) -> tuple[list[ExtraCommit], list[FileState], int]:
+) -> tuple[list[ExtraCommit], list[FileState]]:
     """Fill ``results`` in place; return the extra commits and the end state."""
-    # `:(literal)`: series paths are file names, never glob patterns.
     pathspecs = [f":(literal){p}" for p in paths]
+    series_tip = series_commits[-1]
     series_ids = dict(patchset.commit_patch_ids(scratch, f"{base}..{series_tip}", pathspecs))
     for result, commit in zip(results, series_commits, strict=True):
         result.patch_id = series_ids.get(commit)
-    # One pipeline over the whole consolidated range; commits touching no
-    # series path are skipped by git itself.
-    cons_ids = patchset.commit_patch_ids(scratch, f"{base}..{cons}", pathspecs)
     cons_order = [c for c, _ in cons_ids]
-    info = _commit_info(scratch, f"{base}..{cons}", pathspecs)
     unclaimed = dict(cons_ids)  # commit -> patch ID, in range order
 
     # identical: the same verbatim patch ID, each commit used once.
@@ -315,12 +385,10 @@ def _classify(
             set(cons_order), creation_factor, tmp,
         )  # fmt: skip
 
-    extra = [
-        ExtraCommit(commit=c, subject=info.get(c, ("", []))[0], paths=info.get(c, ("", []))[1])
-        for c in cons_order
-        if c in unclaimed
-    ]
-    return extra, _end_state(scratch, series_tip, cons, paths), len(cons_order)
+    extras = [c for c in cons_order if c in unclaimed]
+    info = _commit_info(scratch, extras, pathspecs) if extras else {}
+    extra = [ExtraCommit(commit=c, subject=info[c][0], paths=info[c][1]) for c in extras]
+    return extra, _end_state(scratch, series_tip, cons, paths)
 
 
 def _find_combined(
@@ -473,59 +541,111 @@ def _end_state(scratch: Path, series_tip: str, cons: str, paths: list[str]) -> l
 def _resolve(repo: Path, ref: str, what: str, option: str) -> str:
     commit = g.rev(repo, ref)
     if commit is None:
-        raise SeriesError(f"{what} {ref!r} names no commit in {repo}: pass {option}")
+        raise SeriesError(f"{what} {ref!r} names no commit in {repo}: name it with {option}")
     return commit
 
 
-def _prepare_scratch(scratch: Path, base: str, paths: list[str]) -> None:
-    """Check BASE out in the scratch clone, sparsely: only the series paths.
-
-    The clone shares the user's objects (``--shared``) and is only written
-    to itself.  A vLLM tree has thousands of files; materialising just the
-    files the patches touch keeps the audit at seconds, and ``git am`` needs
-    no others.
-    """
-    for key, value in _SCRATCH_CONFIG.items():
-        g.git(scratch, "config", key, value)
-    if not paths:
-        return  # empty series: nothing to apply
-    g.git(scratch, "config", "core.sparseCheckout", "true")
-    g.git(scratch, "config", "core.sparseCheckoutCone", "false")
-    info = g.git_dir(scratch) / "info"
-    info.mkdir(exist_ok=True)
-    (info / "sparse-checkout").write_text("".join(f"{_sparse_pattern(p)}\n" for p in paths))
-    g.git(scratch, "checkout", "-q", "-B", _SERIES_REF.removeprefix("refs/heads/"), base)
+def fetch_advice(repo: Path, pinned: manifest_mod.Base) -> str:
+    """How to supply the pinned base: the fetch command, and the BASE= alternative."""
+    url = UPSTREAM_REPOSITORIES.get(pinned.project)
+    where = f"{pinned.project} v{pinned.version} (upstream commit {pinned.upstream_commit})"
+    if url:
+        how = (
+            f"Fetch {where} into the checkout, then run again (BASE then defaults to it):\n"
+            f"    git -C {shlex.quote(str(repo))} fetch --no-tags {url} tag v{pinned.version}\n"
+        )
+    else:
+        how = f"Fetch {where} into the checkout, then run again.\n"
+    return how + (
+        f"Or name the commit of this checkout that is {pinned.project} {pinned.version}"
+        " with BASE= (--base)."
+    )
 
 
-def _sparse_pattern(path: str) -> str:
-    """A gitignore-style pattern matching exactly ``path`` (anchored, escaped)."""
-    escaped = re.sub(r"([\\*?\[])", r"\\\1", path)
-    if escaped.endswith(" "):
-        escaped = escaped[:-1] + "\\ "
-    return "/" + escaped
-
-
-def _apply_series(scratch: Path, base: str, patch_files: Sequence[Path]) -> list[str]:
-    """``git am --3way`` each patch onto BASE; returns one commit per patch.
+def default_base(repo: Path, pinned: manifest_mod.Base) -> str:
+    """The pinned base in ``repo``: the materialised base commit, else the
+    upstream commit it was made from.
 
     Raises:
-        SeriesError: a patch does not apply on BASE.
+        SeriesError: neither is there; says what is missing and how to supply it.
     """
-    for path in patch_files:
-        try:
-            patchset.am(scratch, [path])
-        except SeriesError as e:
-            raise SeriesError(
-                f"patch {path.name} does not apply on the base in the scratch clone,"
-                f" so the series' result cannot be built: {e}. Pass the commit the"
-                " series is based on with --base/BASE=, or rebase the series"
-            ) from None
+    for ref in (pinned.commit, pinned.upstream_commit):
+        if ref and (commit := g.rev(repo, ref)):
+            return commit
+    raise SeriesError(
+        f"the pinned base {pinned.project} {pinned.version} is not in {repo}: neither the"
+        f" base commit {pinned.commit[:12]} (materialised from the sdist) nor the upstream"
+        f" commit {pinned.upstream_commit} is there.\n" + fetch_advice(repo, pinned)
+    )
+
+
+def _refuse_unplaceable(
+    repo: Path, base_ref: str, base: str, images, pinned: manifest_mod.Base | None
+) -> None:
+    """Refuse a BASE whose files are not the series' preimages when ``repo``
+    lacks those preimage blobs: no 3-way merge could place the series there.
+
+    Raises:
+        SeriesError: naming each file, the blob BASE has and the one it lacks.
+    """
+    first: dict[str, patchset.Entry | None] = {}
+    for image in images:
+        for path, (pre, _post) in image.items():
+            first.setdefault(path, pre)
+    at_base = g.tree_entries(repo, base, sorted(first))
+    lacking = []
+    for path, pre in sorted(first.items()):
+        have = at_base[path][1] if path in at_base else None
+        if pre is not None and have != pre[1] and not g.has_object(repo, pre[1]):
+            what = f"blob {have[:12]}" if have else "no such file"
+            lacking.append(f"{path}: BASE has {what}; the series' preimage is blob"
+                           f" {pre[1][:12]}, which {repo} lacks")  # fmt: skip
+    if lacking:
+        advice = fetch_advice(repo, pinned) if pinned else "Name the series' base with BASE=."
+        raise SeriesError(
+            f"BASE {base_ref} ({base[:12]}) is not the series' base, and the repository"
+            " lacks the blobs a 3-way merge would place the series with:\n  "
+            + "\n  ".join(lacking)
+            + "\n"
+            + advice
+        )
+
+
+def _apply_series(scratch: Path, base: str, patch_files: Sequence[Path], images) -> list[str]:
+    """``git am --3way`` the series onto BASE; returns one commit per patch.
+
+    Raises:
+        SeriesError: a patch does not apply on BASE, or git am placed it
+            elsewhere than a 3-way merge from its recorded preimage does.
+    """
+    try:
+        patchset.am(scratch, patch_files)
+    except SeriesError as e:
+        next_file = g.git_dir(scratch) / "rebase-apply" / "next"
+        number = int(next_file.read_text()) if next_file.exists() else 0
+        name = patch_files[number - 1].name if 0 < number <= len(patch_files) else "a patch"
+        raise SeriesError(
+            f"patch {name} does not apply on the base in the scratch clone, so the"
+            f" series' result cannot be built: {e}. Name the commit the series is based"
+            " on with BASE= (--base), or rebase the series"
+        ) from None
     commits = _rev_list(scratch, f"{base}..HEAD")
     if len(commits) != len(patch_files):
         raise SeriesError(
             f"applying {len(patch_files)} patches made {len(commits)} commits:"
-            " an empty patch? run `make check-manifest`"
+            f" an empty patch? run `{hints.make('check-manifest')}`"
         )
+    for path, image, before, after in zip(patch_files, images, [base, *commits], commits,
+                                          strict=False):  # fmt: skip
+        disagree = placement.check(scratch, before, after, image, ours="BASE")
+        if disagree:
+            raise SeriesError(
+                f"patch {path.name} cannot be placed on BASE reliably, so the series'"
+                " result cannot be built:\n  "
+                + "\n  ".join(disagree)
+                + "\nName the commit the series is based on with BASE= (--base), or rebase"
+                " the series"
+            )
     return commits
 
 
@@ -543,12 +663,13 @@ def _tree_entries(repo: Path, commit: str, paths: list[str]) -> dict[str, dict[s
 
 
 def _commit_info(
-    repo: Path, rev_range: str, pathspecs: list[str]
+    repo: Path, commits: list[str], pathspecs: list[str]
 ) -> dict[str, tuple[str, list[str]]]:
-    """Subject and series paths touched of each commit of the range: one ``git log``."""
+    """Subject and series paths touched of each of ``commits``: one ``git log``."""
     raw = g.out(
-        repo, "log", "--no-merges", "--no-color", "--format=%x01%H %s", "--name-only",
-        "-z", rev_range, "--", *pathspecs,
+        repo, "log", "--no-walk=unsorted", "--stdin", "--no-color", "--format=%x01%H %s",
+        "--name-only", "--no-renames", "-z", "--", *pathspecs,
+        input="".join(f"{c}\n" for c in commits),
     )  # fmt: skip
     info: dict[str, tuple[str, list[str]]] = {}
     current: list[str] | None = None
@@ -571,7 +692,7 @@ def _patch_ids_of_commits(repo: Path, commits: list[str], pathspecs: list[str]) 
     """
     log = g.git(
         repo, "log", "-p", "--no-walk=unsorted", "--stdin", "--no-merges", "--no-color",
-        "--no-ext-diff", "--format=commit %H", "--", *pathspecs,
+        "--no-ext-diff", "--no-textconv", "--format=commit %H", "--", *pathspecs,
         input="".join(f"{c}\n" for c in commits), text=False,
     ).stdout  # fmt: skip
     return dict(patchset.patch_ids_of_log(repo, log))
@@ -591,7 +712,7 @@ def filter_repo_command() -> list[str]:
         return [found]
     raise SeriesError(
         "git-filter-repo is needed to compare commits on the series paths only,"
-        " and is neither next to the running Python nor on PATH: run `make venv`"
+        f" and is neither next to the running Python nor on PATH: run `{hints.make('venv')}`"
         " (it installs git-filter-repo from PyPI) or `pip install git-filter-repo`"
     )
 
@@ -611,7 +732,7 @@ def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str,
         "--refs", f"^{base}", _SERIES_REF, _CONSOLIDATED_REF,
     ]  # fmt: skip
     proc = subprocess.run(
-        cmd, cwd=scratch, capture_output=True, text=True, env=g._env(), check=False
+        cmd, cwd=scratch, capture_output=True, text=True, env=g.env(), check=False
     )
     if proc.returncode != 0:
         raise SeriesError(
@@ -844,9 +965,10 @@ def refuse_inconsistent_series(
             f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
             " trustworthy series to audit against:\n  "
             + "\n  ".join(found)
-            + "\nrun `make check-manifest` to see the differences; restore the patch"
-            " files (e.g. `git checkout -- patches/`), or, if the change is intended,"
-            " re-export the series with `make export`, then run the audit again"
+            + f"\nrun `{hints.make('check-manifest')}` to see the differences; restore the"
+            f" patch files (`{hints.git(patch_dir, 'checkout', '--', '.')}`), or, if the change"
+            f" is intended, re-export the series with `{hints.make('export')}`, then run the"
+            " audit again"
         )
 
 
@@ -862,13 +984,17 @@ def run(args: argparse.Namespace) -> int:
         )
         manifest = manifest_mod.load(manifest_path)
         refuse_inconsistent_series(manifest, manifest_path, patch_dir)
+        repo = args.vllm or base_mod.WORK_DIR / "vllm"
+        if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
+            args.base = default_base(repo, manifest.base)
         report = audit(
-            repo=args.vllm or base_mod.WORK_DIR / "vllm",
+            repo=repo,
             consolidated_ref=args.consolidated or manifest.branch_name,
             base_ref=args.base or manifest.base.commit,
             patch_files=manifest.patch_paths(patch_dir),
             accepts=accepts,
             creation_factor=args.creation_factor,
+            pinned=manifest.base,
         )
     except SeriesError as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None

@@ -22,7 +22,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import git as g
+from . import interrupts
 from .errors import SeriesError
 from .manifest import ROOT
 
@@ -95,7 +95,7 @@ def fetch_sdist(
     else:
         cmd.append(requirement)
     env = dict(os.environ, VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=version)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = interrupts.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         hint = ""

@@ -1,8 +1,12 @@
 """``check-manifest``: the patch files and ``patches/series.json`` agree.
 
-Fails, naming the patch, when a patch file's stable patch ID or subject is not
-the recorded one, when a file is listed but missing or present but unlisted,
-or when the recorded touched files are not the files the patches touch.
+Fails, naming the patch, when a patch file's bytes are not the recorded ones
+(sha256: a changed author, message or hunk line number counts, which the
+stable patch ID ignores), when its stable patch ID or subject is not the
+recorded one, when a file is listed but missing or present but unlisted, or
+when the recorded touched files are not the files the patches touch.
+
+Runs with the system Python alone (``make check-manifest`` needs no .venv).
 """
 
 from __future__ import annotations
@@ -10,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import hints, patchset
 from . import manifest as manifest_mod
-from . import patchset
 
 
 def problems(
@@ -34,10 +38,23 @@ def problems(
         if not path.exists():
             continue
         actual = patchset.patch_id_of_file(path)
+        sha256 = patchset.sha256_of_file(path)
         if actual != entry.patch_id:
             found.append(
                 f"{entry.file}: stable patch ID {actual} but the manifest records"
-                f" {entry.patch_id}; the patch changed: re-export it (`make export`)"
+                f" {entry.patch_id}; the patch changed: re-export it (`{hints.make('export')}`)"
+            )
+        elif not entry.sha256:
+            found.append(
+                f"{entry.file}: the manifest records no sha256 of its bytes (it was written"
+                f" before patch files were pinned): re-export the series (`{hints.make('export')}`)"
+            )
+        elif sha256 != entry.sha256:
+            found.append(
+                f"{entry.file}: sha256 {sha256} but the manifest records"
+                f" {entry.sha256}; its bytes changed (its author, message or hunk"
+                " line numbers: what the stable patch ID ignores): restore the file, or"
+                f" re-export the series (`{hints.make('export')}`) if the change is intended"
             )
         subject = patchset.subject_of_file(path)
         if subject != entry.subject:
@@ -49,7 +66,7 @@ def problems(
         stale = ", ".join(sorted(recorded - touched)) or "-"
         found.append(
             f"touched files disagree with the manifest: unrecorded {extra}; recorded but"
-            f" untouched {stale}; re-export (`make export`)"
+            f" untouched {stale}; re-export (`{hints.make('export')}`)"
         )
     return found
 

@@ -1,13 +1,21 @@
 """``export``: write a branch of a vLLM checkout back into ``patches/``.
 
-Reproducible: exporting an unchanged branch gives byte-identical files.
-``git format-patch`` is run with ``--zero-commit`` (the ``From`` line carries
-no commit id, which changes with every rebase), ``--no-signature`` (no git
-version footer), ``--full-index`` (full blob ids on ``index`` lines, so
-``git am -3`` can always fall back to a 3-way merge), ``--no-numbered``
-(adding a patch does not rewrite every other file) and pinned diff settings
-(see ``git._PINNED_CONFIG``).  Export also refreshes the manifest: the patch
-list, subjects, stable patch IDs and the base blob id of every touched file.
+Reproducible: exporting an unchanged branch gives byte-identical files,
+whatever the user's git configuration.  ``git format-patch`` runs in a scratch
+view of the checkout's objects (``scratch.view``: none of the repository's
+config, attributes, notes or replace refs) with the neutral configuration of
+``git.git``, and every option that a ``format.*`` or ``diff.*`` setting
+could change is given on the command line: ``--zero-commit`` (the ``From``
+line carries no commit id, which changes with every rebase),
+``--no-signature`` (no git version footer), ``--full-index`` and
+``--no-renames`` (every file section records both full blob ids, so
+``git am --3way`` can always fall back to a 3-way merge and the placement
+check always has them), ``--no-numbered`` (adding a patch does not rewrite
+every other file), the subject prefix, file-name length and suffix, no
+From/To/Cc/extra headers, attachments, sign-off, base info or notes, and no
+diff order file.  Export also refreshes the manifest: the patch list,
+subjects, stable patch IDs, the sha256 of each file and the base blob id of
+every touched file.
 
 Refusals, each changing nothing: an empty range (it would delete the series),
 a merge in the range, uncommitted changes under ``patches/`` (they would be
@@ -24,10 +32,22 @@ import tempfile
 from pathlib import Path
 
 from . import git as g
+from . import hints, interrupts, patchset, scratch
 from . import manifest as manifest_mod
-from . import patchset
 from .apply import SERIES_BASE_KEY, default_checkout
 from .errors import SeriesError
+
+# format-patch's options, each pinning what a format.* setting would change.
+FORMAT_PATCH = (
+    "format-patch", "--zero-commit", "--no-signature", "--full-index", "--no-renames",
+    "--no-numbered", "--no-cover-letter", "--no-thread", "--encode-email-headers",
+    "--subject-prefix=PATCH", "--filename-max-length=64", "--suffix=.patch", "--no-from",
+    "--no-to", "--no-cc", "--no-attach", "--no-signoff", "--no-base", "--no-notes",
+    "-O/dev/null", "--no-color", "--no-ext-diff", "--no-textconv",
+    # The series was first exported with an empty extra header line after the
+    # subject; kept, so every exported patch stays byte-identical to it.
+    "--no-add-header", "--add-header=",
+)  # fmt: skip
 
 
 def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]:
@@ -36,21 +56,22 @@ def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]
     Raises:
         SeriesError: the range holds a merge commit (a series is linear).
     """
-    merges = g.out(repo, "rev-list", "--merges", f"{base}..{tip}")
-    if merges:
-        raise SeriesError(
-            f"{base}..{tip} contains merge commits ({merges.split()[0][:12]}...);"
-            " a series must be linear: rebase the branch onto the base first"
-        )
-    listing = g.out(
-        repo, "format-patch", "--zero-commit", "--no-signature", "--full-index",
-        "--no-numbered", "--no-cover-letter", "--no-thread", "--encode-email-headers",
-        "-o", str(out_dir), f"{base}..{tip}",
-    )  # fmt: skip
-    files = [Path(line) for line in listing.splitlines() if line]
-    commits = g.out(repo, "rev-list", "--reverse", f"{base}..{tip}").split()
-    for commit, patch in zip(commits, files, strict=True):
-        _check_message_survives_am(repo, commit, patch)
+    base, tip = (
+        g.out(repo, "rev-parse", "--verify", f"{base}^{{commit}}"),
+        g.out(repo, "rev-parse", "--verify", f"{tip}^{{commit}}"),
+    )
+    with scratch.view(repo) as view:
+        merges = g.out(view, "rev-list", "--merges", f"{base}..{tip}")
+        if merges:
+            raise SeriesError(
+                f"{base[:12]}..{tip[:12]} contains merge commits ({merges.split()[0][:12]}...);"
+                " a series must be linear: rebase the branch onto the base first"
+            )
+        listing = g.out(view, *FORMAT_PATCH, "-o", str(out_dir), f"{base}..{tip}")
+        files = [Path(line) for line in listing.splitlines() if line]
+        commits = g.out(view, "rev-list", "--reverse", f"{base}..{tip}").split()
+        for commit, patch in zip(commits, files, strict=True):
+            _check_message_survives_am(view, commit, patch)
     return files
 
 
@@ -63,10 +84,11 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
     Raises:
         SeriesError: naming the commit and the line where the message is cut.
     """
-    body = g.out(repo, "log", "-1", "--format=%b", commit).strip()
+    body = g.out(repo, "log", "-1", "--no-notes", "--format=%b", commit).strip()
     with tempfile.TemporaryDirectory(prefix="mailinfo-") as tmp:
         msg, rest = Path(tmp) / "msg", Path(tmp) / "patch"
-        g.git(repo, "mailinfo", "-b", str(msg), str(rest), input=patch.read_text())
+        g.git(repo, "mailinfo", "-b", "--no-scissors", str(msg),
+              str(rest), input=patch.read_text())  # fmt: skip
         parsed = msg.read_text().strip()
     if parsed != body:
         cut = body[len(parsed) :].strip().splitlines()[:1] if body.startswith(parsed) else []
@@ -87,6 +109,7 @@ def refresh_manifest(
             file=p.name,
             subject=patchset.subject_of_file(p),
             patch_id=patchset.patch_id_of_file(p),
+            sha256=patchset.sha256_of_file(p),
         )
         for p in patch_files
     ]
@@ -131,6 +154,11 @@ def export_series(
     Raises:
         SeriesError: unknown branch or base, or a merge in the range.
     """
+    with interrupts.deferred():
+        return _export(repo, manifest, branch, base, patch_dir, manifest_path, log)
+
+
+def _export(repo, manifest, branch, base, patch_dir, manifest_path, log) -> list[Path]:
     if not g.rev(repo, branch):
         raise SeriesError(f"{repo} has no branch or commit {branch!r}; pass BRANCH=<name>")
     base_commit = resolve_base(repo, manifest, base, branch)
@@ -143,6 +171,7 @@ def export_series(
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         files = format_patches(repo, base_commit, branch, Path(tmp))
         refresh_manifest(manifest, repo, base_commit, files)
+        interrupts.check()  # from here on, the write runs to its end
         patch_dir.mkdir(parents=True, exist_ok=True)
         for old in patch_dir.glob("*.patch"):
             old.unlink()
@@ -162,7 +191,8 @@ def _refuse_uncommitted_patches(patch_dir: Path) -> None:
         raise SeriesError(
             f"{patch_dir} has uncommitted changes that export would overwrite:\n  "
             + "\n  ".join(status.splitlines()[:10])
-            + "\ncommit or discard them (`git checkout -- patches/`) and run again"
+            + f"\ncommit or discard them (`{hints.git(patch_dir, 'checkout', '--', '.')}`) and"
+            " run again"
         )
 
 
@@ -170,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
     repo = g.toplevel(Path(args.vllm)) if args.vllm else default_checkout()
     if not repo.exists():
-        raise SeriesError(f"{repo} does not exist; run `make apply` first or pass VLLM=")
+        raise SeriesError(
+            f"{repo} does not exist; run `{hints.make('apply')}` first, or name the checkout"
+            " with VLLM="
+        )
     export_series(repo, manifest, args.branch or manifest.branch_name, args.base)
     return 0
 

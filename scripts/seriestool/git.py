@@ -1,59 +1,135 @@
-"""Thin wrappers around git's own commands, and the repository-state guard.
+"""Thin wrappers around git's own commands, run hermetically.
 
-Everything here shells out to git; nothing parses diffs by hand.  The state
-guard (`RepoState`) is what lets apply and rebase promise that a failure
-leaves the user's checkout exactly as it was: branch or detached HEAD, index
-and work tree, with stash and untracked files never touched.
+Every git call of the tooling goes through ``git()``.  It runs git:
+
+- with a neutral configuration: no system or global config file (only the
+  user's ``safe.directory`` entries are carried over, so a repository git
+  trusts stays trusted), and the settings below pinned on the command-line
+  scope, which beats the repository's own config;  hooks and every program a
+  setting can name (``core.fsmonitor``, ``diff.external``, ``gpg.program``,
+  the pager) are off;
+- with the ``GIT_*`` environment cleared except the author and committer
+  identity, and untranslated messages (callers quote git's errors);
+- in a session of its own, so a Ctrl-C at the terminal reaches the tool, which
+  stops at a safe point (``interrupts``), and never a git command half-way.
+
+What stays the user's: the repository's content conversions (``core.autocrlf``,
+``.gitattributes`` filters), since they decide how the user's work tree looks,
+and the identity that commits made in the user's checkout carry
+(``user_identity``).  Output the tool records (patches, patch IDs) is produced
+in scratch repositories that have no such settings (``scratch.view``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import interrupts
 from .errors import SeriesError
 
-# Settings that would make git's output depend on the user's configuration.
-# They are pinned on every call so exports and patch IDs are reproducible.
-_PINNED_CONFIG = (
-    "core.quotepath=false",
-    "diff.noprefix=false",
-    "diff.mnemonicPrefix=false",
-    "diff.relative=false",
-    "diff.renames=true",
-    "diff.algorithm=myers",
-    "diff.indentHeuristic=true",
-    "diff.suppressBlankEmpty=false",
-    "diff.context=3",
-    "core.abbrev=12",
-    "format.signature=",
-    "format.numbered=auto",
-    "format.coverLetter=false",
-    "format.headers=",
-    "core.autocrlf=false",
-    "core.safecrlf=false",
-    "commit.gpgSign=false",
-    "am.keepcr=false",
-    "am.threeWay=false",
-    "i18n.commitEncoding=UTF-8",
-    "i18n.logOutputEncoding=UTF-8",
+# Pinned on every call, on the command-line scope.
+PINNED_CONFIG = (
+    # Nothing of the user's runs: hooks, file-system monitors, pagers, signing.
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("core.pager", "cat"),
+    ("commit.gpgSign", "false"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("rerere.enabled", "false"),
+    ("rerere.autoUpdate", "false"),
+    ("submodule.recurse", "false"),
+    ("fetch.recurseSubmodules", "false"),
+    ("fetch.writeCommitGraph", "false"),
+    # Output the tool reads or records.
+    ("color.ui", "false"),
+    ("core.quotePath", "false"),
+    ("core.abbrev", "12"),
+    ("diff.noprefix", "false"),
+    ("diff.mnemonicPrefix", "false"),
+    ("diff.srcPrefix", "a/"),
+    ("diff.dstPrefix", "b/"),
+    ("diff.relative", "false"),
+    ("diff.renames", "true"),
+    ("diff.algorithm", "myers"),
+    ("diff.indentHeuristic", "true"),
+    ("diff.suppressBlankEmpty", "false"),
+    ("diff.context", "3"),
+    ("diff.interHunkContext", "0"),
+    ("diff.ignoreSubmodules", "none"),
+    ("diff.submodule", "short"),
+    ("format.noprefix", "false"),
+    ("log.showSignature", "false"),
+    ("log.mailmap", "false"),
+    ("log.decorate", "false"),
+    ("status.renames", "false"),
+    ("i18n.commitEncoding", "UTF-8"),
+    ("i18n.logOutputEncoding", "UTF-8"),
+    # How patches apply and merge.
+    ("am.keepcr", "false"),
+    ("am.threeWay", "false"),
+    ("am.messageId", "false"),
+    ("mailinfo.scissors", "false"),
+    ("apply.whitespace", "nowarn"),
+    ("apply.ignoreWhitespace", "no"),
+    ("merge.conflictStyle", "merge"),
+    ("merge.renormalize", "false"),
+    ("advice.detachedHead", "false"),
 )
+
+# Environment kept from the user's: who commits.
+_IDENTITY_ENV = (
+    "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE",
+    "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_COMMITTER_DATE",
+)  # fmt: skip
+
+
+@functools.cache
+def _safe_directories() -> tuple[str, ...]:
+    """The user's ``safe.directory`` entries (system and global config)."""
+    found: list[str] = []
+    for scope in ("--system", "--global"):
+        proc = subprocess.run(
+            ["git", "config", scope, "--includes", "-z", "--get-all", "safe.directory"],
+            capture_output=True, text=True, check=False, cwd="/",
+        )  # fmt: skip
+        found += [v for v in proc.stdout.split("\0") if v]
+    return tuple(found)
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    # Stable, untranslated messages: callers quote git's errors to users.
-    env["LC_ALL"] = "C"
-    env["LANGUAGE"] = "C"
-    env.pop("GIT_DIR", None)
-    env.pop("GIT_WORK_TREE", None)
-    env.pop("GIT_INDEX_FILE", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in _IDENTITY_ENV}
+    settings = list(PINNED_CONFIG) + [("safe.directory", d) for d in _safe_directories()]
+    env.update(
+        LC_ALL="C",
+        LANGUAGE="C",
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_ATTR_NOSYSTEM="1",
+        GIT_NO_REPLACE_OBJECTS="1",
+        # Read-only commands (status) must not rewrite the user's index.
+        GIT_OPTIONAL_LOCKS="0",
+        GIT_TERMINAL_PROMPT="0",
+        GIT_EDITOR="true",
+        GIT_PAGER="cat",
+        GIT_CONFIG_COUNT=str(len(settings)),
+    )
+    for n, (key, value) in enumerate(settings):
+        env[f"GIT_CONFIG_KEY_{n}"] = key
+        env[f"GIT_CONFIG_VALUE_{n}"] = value
     if extra:
         env.update(extra)
     return env
+
+
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the tool's git calls, for programs that run git
+    themselves (git-filter-repo)."""
+    return _env(extra)
 
 
 def git(
@@ -64,16 +140,17 @@ def git(
     env: dict[str, str] | None = None,
     text: bool = True,
 ) -> subprocess.CompletedProcess:
-    """Run ``git -C repo args...`` with pinned output settings.
+    """Run ``git -C repo args...`` hermetically (see the module doc).
+
+    A signal the tool deferred (``interrupts``) is acted on before the call:
+    the call raises ``interrupts.Interrupted`` instead of running.
 
     Raises:
         SeriesError: git exited non-zero and ``check`` is true; the message
             carries the command and git's own stderr.
     """
-    cmd = ["git", "-C", str(repo)]
-    for setting in _PINNED_CONFIG:
-        cmd += ["-c", setting]
-    cmd += list(args)
+    interrupts.check()
+    cmd = ["git", "-C", str(repo), *args]
     if isinstance(input, str) and not text:
         input = input.encode()
     proc = subprocess.run(
@@ -83,6 +160,7 @@ def git(
         env=_env(env),
         text=text,
         check=False,
+        start_new_session=True,
     )
     if check and proc.returncode != 0:
         stderr = proc.stderr if text else proc.stderr.decode(errors="replace")
@@ -108,10 +186,19 @@ def git_dir(repo: Path) -> Path:
     return Path(out(repo, "rev-parse", "--absolute-git-dir"))
 
 
+def common_dir(repo: Path) -> Path:
+    """The folder of refs, objects and config (differs from ``git_dir`` in a worktree)."""
+    return Path(out(repo, "rev-parse", "--path-format=absolute", "--git-common-dir"))
+
+
 def rev(repo: Path, ref: str) -> str | None:
     """Full commit id of ``ref``, or None when it does not name a commit."""
     proc = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
     return proc.stdout.strip() or None
+
+
+def has_object(repo: Path, oid: str) -> bool:
+    return git(repo, "cat-file", "-e", oid, check=False).returncode == 0
 
 
 def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -165,47 +252,19 @@ def tracked_changes(repo: Path) -> list[str]:
     return [line for line in status.splitlines() if line.strip()]
 
 
-@dataclasses.dataclass(frozen=True)
-class RepoState:
-    """Where a checkout stands: enough to put it back exactly.
+def user_identity(repo: Path) -> dict[str, str]:
+    """``GIT_COMMITTER_NAME``/``EMAIL`` as the user's own git would commit in ``repo``.
 
-    Only taken on a clean work tree (callers refuse dirty trees first), so the
-    index and work tree are fully described by HEAD.
+    Read with the user's full configuration (``git var``: environment, repo,
+    global and system config); the tool's identity when none is configured.
     """
-
-    repo: Path
-    head: str
-    branch: str | None  # None: detached HEAD
-    branch_tips: dict[str, str]
-    stash: str | None
-
-    @classmethod
-    def capture(cls, repo: Path) -> RepoState:
-        head = rev(repo, "HEAD")
-        if head is None:
-            raise SeriesError(f"{repo} has no commits; check out a vLLM revision first")
-        proc = git(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-        branch = proc.stdout.strip() or None
-        tips = {}
-        listing = out(repo, "for-each-ref", "--format=%(refname:short) %(objectname)", "refs/heads")
-        for line in listing.splitlines():
-            name, oid = line.rsplit(" ", 1)
-            tips[name] = oid
-        return cls(repo, head, branch, tips, rev(repo, "refs/stash"))
-
-    def restore(self) -> None:
-        """Put HEAD, branch, index and work tree back; drop branches made since.
-
-        Never touches untracked files or the stash.
-        """
-        if self.branch is not None:
-            git(self.repo, "checkout", "-q", "--force", self.branch)
-        else:
-            git(self.repo, "checkout", "-q", "--force", "--detach", self.head)
-        git(self.repo, "reset", "-q", "--hard", self.head)
-        now = RepoState.capture(self.repo)
-        for name, oid in now.branch_tips.items():
-            if name not in self.branch_tips:
-                git(self.repo, "branch", "-q", "-D", name)
-            elif oid != self.branch_tips[name]:
-                git(self.repo, "update-ref", f"refs/heads/{name}", self.branch_tips[name])
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
+        capture_output=True, text=True, env=env, check=False, start_new_session=True,
+    )  # fmt: skip
+    name, sep, rest = proc.stdout.partition(" <")
+    email = rest.partition(">")[0]
+    if proc.returncode != 0 or not sep or not name.strip():
+        name, email = "vLLM loader series", "series@localhost"
+    return {"GIT_COMMITTER_NAME": name.strip(), "GIT_COMMITTER_EMAIL": email}

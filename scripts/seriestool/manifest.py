@@ -7,9 +7,10 @@ One file records, once, everything the tooling checks against:
   id of the materialised base (fixed identity and dates, so identical on every
   machine) and the git blob id, in the base, of every file the series touches
   (``null`` for a file the series creates);
-- the patches, in order: file name, subject and stable patch ID
+- the patches, in order: file name, subject, stable patch ID
   (``git patch-id --verbatim``: whitespace counts, since indentation is
-  meaning in Python);
+  meaning in Python; it identifies a change across rebases) and the sha256 of
+  the file's bytes (it pins everything else: author, message, line numbers);
 - regression tests: upstream vLLM test files, outside the patches, that cover
   the touched code and run with every prefix of the series, and the node-id
   prefixes deselected from them with the reason (network, or failing on the
@@ -50,6 +51,7 @@ class PatchEntry:
     file: str
     subject: str
     patch_id: str
+    sha256: str = ""  # empty only in a manifest written before files were pinned
 
 
 @dataclasses.dataclass

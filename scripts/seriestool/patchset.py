@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import email.header
 import email.parser
+import hashlib
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import git as g
 from .errors import SeriesError
+
+# A file as a tree holds it: (mode, blob id); a patch's view of one file:
+# (preimage, postimage), None where the file is absent.
+Entry = tuple[str, str]
+Image = dict[str, tuple[Entry | None, Entry | None]]
 
 
 def patch_id_of_text(diff_text: str, cwd: Path) -> str | None:
@@ -22,16 +29,31 @@ def patch_id_of_text(diff_text: str, cwd: Path) -> str | None:
     return output.split()[0] if output else None
 
 
+# What git reads from a patch file depends only on its bytes: asked once per
+# process (check-manifest, then the command itself, read the same files).
+_patch_ids: dict[str, str] = {}
+_numstats: dict[str, list[str]] = {}
+
+
 def patch_id_of_file(path: Path) -> str:
     """Stable patch ID of a format-patch file.
 
     Raises:
         SeriesError: the file holds no diff git can read.
     """
-    pid = patch_id_of_text(path.read_text(), path.parent)
-    if pid is None:
-        raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
-    return pid
+    key = sha256_of_file(path)
+    if key not in _patch_ids:
+        pid = patch_id_of_text(path.read_text(), path.parent)
+        if pid is None:
+            raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
+        _patch_ids[key] = pid
+    return _patch_ids[key]
+
+
+def sha256_of_file(path: Path) -> str:
+    """Hex sha256 of a patch file's bytes: every byte counts (author, message,
+    line numbers), unlike the stable patch ID."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def subject_of_file(path: Path) -> str:
@@ -58,7 +80,7 @@ def commit_patch_ids(
     diff is limited to them (commits touching none of them are skipped).
     Commits are listed oldest first; ``max_count`` keeps only the newest ones.
     """
-    args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff",
+    args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff", "--no-textconv",
             "--format=commit %H"]  # fmt: skip
     if max_count is not None:
         args.append(f"--max-count={max_count}")
@@ -82,30 +104,131 @@ def files_touched(repo: Path, patch: Path) -> list[str]:
     It runs at the top of ``repo``'s work tree: from a subdirectory, git apply
     would ignore every path outside it.
     """
-    cwd = g.toplevel(repo) if g.is_repo(repo) else repo
+    key = sha256_of_file(patch)
+    if key not in _numstats:
+        cwd = g.toplevel(repo) if g.is_repo(repo) else repo
+        _numstats[key] = _numstat_paths(cwd, [], patch)
+    return _numstats[key]
+
+
+def _numstat_paths(cwd: Path, git_dir: list[str], patch: Path) -> list[str]:
+    """Both sides' paths of ``git apply [-R] --numstat``, run in ``cwd``."""
     paths: set[str] = set()
     for reverse in ([], ["-R"]):
-        numstat = g.out(cwd, "apply", *reverse, "--numstat", "-z", str(patch.resolve()))
-        for entry in numstat.split("\0"):
-            if entry:
-                paths.add(entry.split("\t", 2)[2])
+        numstat = g.out(cwd, *git_dir, "apply", *reverse, "--numstat", "-z", str(patch.resolve()))
+        paths.update(entry.split("\t", 2)[2] for entry in numstat.split("\0") if entry)
     return sorted(paths)
 
 
-def am(repo: Path, patches: Sequence[Path], three_way: bool = True) -> None:
+def am(
+    repo: Path,
+    patches: Sequence[Path],
+    three_way: bool = True,
+    env: dict[str, str] | None = None,
+    hooks: Path | None = None,
+) -> None:
     """``git am [--3way]`` the patches onto HEAD of ``repo``.
+
+    Every option that a setting could change is given explicitly; hooks are
+    off (``git.git``), unless ``hooks`` names a folder the tool made itself.
 
     Raises:
         SeriesError: a patch did not apply; the am session is left in
             progress for the caller to report and abort.
     """
     # --keep-non-patch: strip only "[PATCH]", keep "[Model Loader]"-style tags.
-    # The user's hooks (e.g. a commit-msg linter) must not veto or rewrite
-    # series commits: their content is fixed by the patch files.
-    args = ["-c", "core.hooksPath=/dev/null", "am", "--quiet", "--no-keep-cr", "--keep-non-patch"]
+    args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors",
+            "--no-message-id", "--no-gpg-sign", "--no-signoff", "--whitespace=nowarn"]  # fmt: skip
     if three_way:
         args.append("--3way")
-    g.git(repo, *args, *[str(p) for p in patches])
+    if hooks is not None:
+        args = ["-c", f"core.hooksPath={hooks}", *args]
+    g.git(repo, *args, *[str(p) for p in patches], env=env)
+
+
+# What each patch does to each file, from its `index` lines.
+
+
+def images(patches: Sequence[Path]) -> list[Image]:
+    """For each patch: ``{path: (preimage, postimage)}`` as its ``index`` lines record them.
+
+    Read by git itself (``git apply --build-fake-ancestor``, forward for the
+    preimage and reversed for the postimage), in an empty repository: only
+    the patch text is needed.  ``None`` is a file absent on that side (created
+    or deleted).  A file whose section records no blob ids (a mode change
+    alone) is left out: its content does not change.
+    """
+    return images_and_paths(patches)[0]
+
+
+def images_and_paths(patches: Sequence[Path]) -> tuple[list[Image], list[list[str]]]:
+    """``images(patches)``, and every path each patch touches (``files_touched``)."""
+    result, touched = [], []
+    with tempfile.TemporaryDirectory(prefix="seriestool-images-") as tmp:
+        gdir = Path(tmp) / "empty.git"
+        g.git(tmp, "init", "-q", "--bare", "--template=", str(gdir))
+        for patch in patches:
+            paths = _touched_in(gdir, patch)
+            touched.append(paths)
+            sides = [_fake_ancestor(gdir, patch, reverse, Path(tmp)) for reverse in (False, True)]
+            if sides[0] is None or sides[1] is None:  # a section without blob ids
+                sides = [{}, {}]
+                for path in paths:
+                    for side, reverse in zip(sides, (False, True), strict=True):
+                        side.update(_fake_ancestor(gdir, patch, reverse, Path(tmp), path) or {})
+                recorded = set(sides[0]) | set(sides[1])
+                paths = [p for p in paths if p in recorded]
+            pre, post = sides
+            result.append({path: (pre.get(path), post.get(path)) for path in paths})
+    return result, touched
+
+
+def _touched_in(gdir: Path, patch: Path) -> list[str]:
+    key = sha256_of_file(patch)
+    if key not in _numstats:
+        _numstats[key] = _numstat_paths(gdir, ["--git-dir", str(gdir)], patch)
+    return _numstats[key]
+
+
+def _fake_ancestor(
+    gdir: Path, patch: Path, reverse: bool, tmp: Path, only: str | None = None
+) -> dict[str, Entry] | None:
+    """Entries of the index ``git apply --build-fake-ancestor`` builds; None on failure."""
+    index = tmp / "fake-index"
+    index.unlink(missing_ok=True)
+    args = ["--git-dir", str(gdir), "apply", f"--build-fake-ancestor={index}"]
+    args += ["-R"] if reverse else []
+    args += [f"--include={only}"] if only else []
+    if g.git(gdir, *args, str(patch.resolve()), check=False).returncode != 0:
+        return None
+    if not index.exists():
+        return {}
+    listing = g.out(gdir, "--git-dir", str(gdir), "ls-files", "-s", "-z",
+                    env={"GIT_INDEX_FILE": str(index)})  # fmt: skip
+    entries = {}
+    for entry in listing.split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            mode, oid, _stage = meta.split()
+            entries[path] = (mode, oid)
+    return entries
+
+
+def states(
+    base: dict[str, str | None], patch_images: Sequence[Image]
+) -> list[dict[str, str | None]]:
+    """Blob id of every file after each prefix of the series: ``[base, after 1, ..., after n]``.
+
+    ``base``: blob id (None: absent) of every file the series touches, as the
+    manifest records it.
+    """
+    current = dict(base)
+    result = [dict(current)]
+    for image in patch_images:
+        for path, (_pre, post) in image.items():
+            current[path] = post[1] if post else None
+        result.append(dict(current))
+    return result
 
 
 # `git status --porcelain` codes of unmerged paths.  In `git am --3way`, "us"

@@ -1,4 +1,4 @@
-"""``rebase``: carry the series to another upstream revision (issue 9).
+"""``rebase``: carry the series to another upstream revision.
 
 ``rebase --to X`` moves the series from its pinned base to ``X``:
 
@@ -12,7 +12,11 @@ series is re-applied onto the old base (for the range-diff), then each patch
 is applied onto the new base with ``git am --3way``, one at a time:
 
 - plain ``git apply --check`` passes → **applied**; otherwise the 3-way
-  fallback merged it → **applied (3-way)**;
+  fallback merged it → **applied (3-way)**; either way only when ``git am``'s
+  result agrees, file by file, with a 3-way merge from the patch's recorded
+  preimage (``placement``): git applies a hunk at the nearest matching
+  context, which can be the wrong copy of a repeated block, and a
+  disagreement is a **conflict** naming the patch, file and hunk;
 - its stable patch ID is a commit of upstream's history between the old and
   the new base (computable only when both bases share history, e.g. commits
   of a real vLLM checkout; sdist imports do not) → **dropped (absorbed)**,
@@ -27,9 +31,10 @@ is applied onto the new base with ``git am --3way``, one at a time:
   ``error:`` lines.  Without ``--keep-conflict`` the scratch clone is
   discarded and the user's checkout was never touched.  With
   ``--keep-conflict`` the ``git am`` session stays in progress, in the user's
-  ``--vllm`` checkout on a new branch (its original branch, HEAD, index and
-  work tree are recorded) or in ``work/rebase/<X>/vllm``; the session is
-  recorded in ``work/rebase/state.json``.  After resolving and ``git add``:
+  ``--vllm`` checkout on a new branch (the checkout is journaled first,
+  ``journal``, so it can be restored byte for byte) or in
+  ``work/rebase/<X>/vllm``; the session is recorded in
+  ``work/rebase/state.json``.  After resolving and ``git add``:
   ``rebase --continue`` (``make rebase CONTINUE=1``) finishes the patch
   (a resolution to no change makes it **dropped (resolved to no change)**; a
   ``git am --skip`` by hand makes it **dropped (skipped by hand)**: its change
@@ -74,7 +79,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import base as base_mod
-from . import check_manifest, patchset, seriestest
+from . import check_manifest, hints, interrupts, journal, patchset, placement, seriestest
 from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
@@ -86,6 +91,9 @@ Log = Callable[[str], object]
 
 VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)+(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)$")
 _INDEX_LINE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})", re.MULTILINE)
+# git am stops before committing when this hook fails: how a placement
+# disagreement is left for resolution with --keep-conflict.
+_STOP_HOOK = "#!/bin/sh\nexit 1\n"
 _NULL_OID = "0" * 40
 
 APPLIED = "applied"
@@ -143,13 +151,16 @@ class Session:
     command: str
     old_base: str = ""
     old_tip: str = ""
+    new_tip: str = ""
     new_base: str = ""
     target: dict = dataclasses.field(default_factory=dict)
     history_range: str | None = None
     patches: list[PatchStatus] = dataclasses.field(default_factory=list)
     next: int = 0
     pre_head: str = ""
-    user_state: dict | None = None  # RepoState of the user's checkout
+    user_checkout: str = ""  # the --vllm checkout the session changes (journaled)
+    vllm: str = ""  # --vllm as given (resolved): carried into printed commands
+    pip_args: list[str] = dataclasses.field(default_factory=list)
     conflict: str = ""
     tests: str = ""
 
@@ -171,7 +182,7 @@ class Session:
 
     @property
     def uses_user_checkout(self) -> bool:
-        return self.user_state is not None
+        return bool(self.user_checkout)
 
     def save(self) -> None:
         data = dataclasses.asdict(self)
@@ -196,28 +207,20 @@ class Session:
                 " delete it and run again"
             ) from None
 
-    def user_repo_state(self) -> g.RepoState:
-        assert self.user_state is not None
-        s = self.user_state
-        return g.RepoState(Path(s["repo"]), s["head"], s["branch"], dict(s["branch_tips"]),
-                           s["stash"])  # fmt: skip
+    def make(self, **variables: str | None) -> str:
+        """A ``make rebase`` command carrying this session's checkout and options."""
+        default = Path(self.patch_dir) == manifest_mod.PATCH_DIR.resolve()
+        args = " ".join(shlex.quote(f"--pip-arg={a}") for a in self.pip_args)
+        return hints.make(
+            "rebase", **variables, VLLM=self.vllm or None,
+            NOTEST="1" if self.skip_tests else None,
+            PATCHES=None if default else self.patch_dir, ARGS=args or None,
+        )  # fmt: skip
 
 
 def state_path() -> Path:
     """``work/rebase/state.json`` (read at call time: tests move WORK_DIR)."""
     return base_mod.WORK_DIR / "rebase" / "state.json"
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # this process: whatever ran before in it is over
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --------------------------------------------------------------------------
@@ -343,15 +346,17 @@ def _add_alternate(repo: Path, source: Path) -> None:
 
 
 def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> int:
-    """Copy into ``dst`` the pre-image blobs the patches' ``index`` lines name.
+    """Copy into ``dst`` the blobs the patches' ``index`` lines name.
 
-    ``git am --3way`` rebuilds the patch's base from them; a checkout of
-    another upstream revision may lack them.  Only unreferenced objects are
-    added: no ref, index or work-tree file of ``dst`` changes.
+    ``git am --3way`` rebuilds the patch's base from the preimages, and the
+    placement check merges preimage and postimage; a checkout of another
+    upstream revision may lack them.  Only unreferenced objects are added: no
+    ref, index or work-tree file of ``dst`` changes.
     """
     wanted = set()
     for patch in patches:
-        wanted.update(m.group(1) for m in _INDEX_LINE.finditer(patch.read_text()))
+        for m in _INDEX_LINE.finditer(patch.read_text()):
+            wanted.update(m.groups())
     wanted.discard(_NULL_OID)
     copied = 0
     for oid in sorted(wanted):
@@ -391,6 +396,23 @@ def start(
             ``keep_conflict`` the session stays open), or failing tests;
             ``patch_dir`` is unchanged in every case.
     """
+    with interrupts.deferred() as guard:
+        return _start(to, vllm, keep_conflict, skip_tests, patch_dir, manifest_path, pip_args,
+                      log, command, guard)  # fmt: skip
+
+
+def _start(
+    to: str,
+    vllm: Path | None,
+    keep_conflict: bool,
+    skip_tests: bool,
+    patch_dir: Path,
+    manifest_path: Path | None,
+    pip_args: Sequence[str],
+    log: Log,
+    command: str | None,
+    guard: interrupts.Guard,
+) -> int:
     patch_dir, manifest_path = _layout(patch_dir, manifest_path, log)
     _clear_stale_session(log)
     manifest = manifest_mod.load(manifest_path)
@@ -399,7 +421,8 @@ def start(
         raise SeriesError(
             f"the series in {patch_dir} disagrees with {manifest_path.name}:\n  "
             + "\n  ".join(found)
-            + "\nfix it (`make check-manifest`, `make export`) before rebasing"
+            + f"\nfix it (`{hints.make('check-manifest')}`, `{hints.make('export')}`) before"
+            " rebasing"
         )
 
     version = parse_version(to)
@@ -422,39 +445,34 @@ def start(
         slug = _slug(to)
         if new_commit == manifest.base.commit:
             raise SeriesError(
-                f"the series is already based on {to} ({new_commit[:12]});"
-                " pass TO=<another version or commit>"
+                f"the series is already based on {to} ({new_commit[:12]}); pass another"
+                " version or commit as TO="
             )
     elif version is not None:
         kind = "version"
         slug = version
         if version == manifest.base.version:
             raise SeriesError(
-                f"the series is already based on {manifest.base.project} {version};"
-                " pass TO=<another version or commit>"
+                f"the series is already based on {manifest.base.project} {version}; pass"
+                " another version or commit as TO="
             )
     else:
         raise SeriesError(
-            f"TO={to!r} is not a version such as 0.32.0; a commit or tag needs the"
-            " checkout that contains it: make rebase TO=<commit> VLLM=<checkout>"
+            f"TO={to!r} is not a version such as 0.32.0; a commit or tag needs VLLM="
+            " naming a checkout that contains it"
         )
 
     work = base_mod.WORK_DIR / "rebase" / slug
     keep_in_user = keep_conflict and user is not None
     branch = f"{manifest.name}/v{manifest.version}-rebase-onto-{slug}"
-    user_state = None
     if keep_in_user:
         refuse_unsafe_state(user)
         if g.rev(user, f"refs/heads/{branch}"):
             raise SeriesError(
-                f"branch {branch} already exists in {user}; delete it"
-                f" (`git branch -D {branch}`) and run again"
+                f"branch {branch} already exists in {user}; delete it with\n"
+                f"    git -C {shlex.quote(str(user))} branch -D {shlex.quote(branch)}\n"
+                "and run again"
             )
-        state = g.RepoState.capture(user)
-        user_state = {
-            "repo": str(state.repo), "head": state.head, "branch": state.branch,
-            "branch_tips": state.branch_tips, "stash": state.stash,
-        }  # fmt: skip
 
     scratch = work / "vllm"
     sess = Session(
@@ -464,7 +482,8 @@ def start(
         patch_dir=str(patch_dir), manifest_path=str(manifest_path),
         command=command or _command_line(to, vllm, keep_conflict, skip_tests, patch_dir,
                                          pip_args),
-        user_state=user_state,
+        user_checkout=str(user) if keep_in_user else "", vllm=str(user) if user else "",
+        pip_args=list(pip_args),
         patches=[PatchStatus(p.file, p.subject, p.patch_id) for p in manifest.patches],
     )  # fmt: skip
     if work.exists():
@@ -475,7 +494,7 @@ def start(
         _copy_series(patch_dir, manifest_path, sess.old_patch_dir)
         _prepare(sess, manifest, user, new_commit, pip_args, log)
         if _apply_remaining(sess, log):
-            return _finish(sess, log)
+            return _finish(sess, log, guard)
         _stopped(sess, log)
     except BaseException:
         _on_error(sess, log)
@@ -576,7 +595,7 @@ def _prepare(
     except SeriesError as e:
         raise SeriesError(
             f"the current series does not apply to its own base {mb.project} {mb.version}"
-            f" ({sess.old_base[:12]}): {e}\nrun `make test` and fix the series first"
+            f" ({sess.old_base[:12]}): {e}\nrun `{hints.make('test')}` and fix the series first"
         ) from None
     sess.old_tip = g.rev(scratch, "HEAD") or ""
 
@@ -585,11 +604,52 @@ def _prepare(
         g.git(scratch, "checkout", "-q", "-b", sess.branch, new_commit)
     else:
         log(f"working in your checkout {checkout} on new branch {sess.branch}")
-        g.git(checkout, "checkout", "-q", "-b", sess.branch, new_commit)
         _copy_preimage_blobs(scratch, checkout, old_patches)
+        _switch_user_checkout(checkout, sess.branch, new_commit, old_patches)
     sess.save()
     log(f"rebasing {len(sess.patches)} patches from {mb.project} {mb.version} onto"
         f" {sess.target['version']} ({new_commit[:12]}) in {checkout}")  # fmt: skip
+
+
+def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches) -> None:
+    """Journal the user's checkout, then put it on a new ``branch`` at ``new_commit``.
+
+    Refuses, changing nothing, when an untracked or ignored file is where the
+    new base or a patch puts a file.  ``read-tree -m -u`` switches the work
+    tree without ever overwriting such a file.
+    """
+    head = g.out(checkout, "rev-parse", "--verify", "HEAD")
+    added = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", "--diff-filter=A",
+                  head, new_commit).split("\0")  # fmt: skip
+    added = [p for p in added if p]
+    created: dict[str, set[str]] = {
+        path: {blob} for path, blob in g.blob_ids(checkout, new_commit, added).items() if blob
+    }
+    for image in patchset.images(patches):
+        for path, (pre, post) in image.items():
+            if pre is None and post is not None:
+                created.setdefault(path, set()).add(post[1])
+    at_head = g.tree_entries(checkout, head, sorted(created))
+    created = {path: blobs for path, blobs in created.items() if path not in at_head}
+    in_the_way = journal.occupied(checkout, created)
+    if in_the_way:
+        raise SeriesError(
+            f"the new base or the series puts files where {checkout} has files of its own;"
+            " they are never overwritten:\n  "
+            + "\n  ".join(in_the_way)
+            + "\nmove them out of the way, or rebase without KEEP=1 (your checkout is then"
+            " only read)"
+        )
+    tx = journal.Transaction.begin(checkout, "rebase", created)
+    try:
+        g.git(checkout, "update-ref", "-m", "seriestool rebase", f"refs/heads/{branch}",
+              new_commit, _NULL_OID)  # fmt: skip
+        g.git(checkout, "update-index", "-q", "--refresh", check=False)
+        g.git(checkout, "read-tree", "-m", "-u", head, new_commit)
+        g.git(checkout, "symbolic-ref", "-m", "seriestool rebase", "HEAD", f"refs/heads/{branch}")
+    except BaseException:
+        tx.rollback()
+        raise
 
 
 def _old_base(
@@ -635,6 +695,7 @@ def _history_range(
 def _apply_remaining(sess: Session, log: Log) -> bool:
     """Apply patches from ``sess.next`` on; False when stopped at a conflict."""
     checkout, scratch = Path(sess.checkout), Path(sess.scratch)
+    images = patchset.images([sess.old_patch_dir / p.file for p in sess.patches])
     for i in range(sess.next, len(sess.patches)):
         entry = sess.patches[i]
         patch = sess.old_patch_dir / entry.file
@@ -660,7 +721,16 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
             sess.conflict = _conflict_detail(checkout, entry.file, check.stderr + "\n" + str(e))
             log(f"{entry.file}: conflict")
             return False
-        if g.rev(checkout, "HEAD") == sess.pre_head:
+        head = g.out(checkout, "rev-parse", "HEAD")
+        disagree = placement.check(checkout, sess.pre_head, head, images[i], ours="the new base")
+        if disagree:
+            entry.status = CONFLICT
+            sess.conflict = "\n".join([f"patch: {entry.file}", *disagree])
+            log(f"{entry.file}: conflict (git am and the 3-way merge disagree)")
+            if sess.keep:
+                _leave_placement_conflict(sess, checkout, patch, images[i])
+            return False
+        if head == sess.pre_head:
             entry.status = DROPPED_ABSORBED
             entry.how = "no change after 3-way merge: upstream has it"
         else:
@@ -670,6 +740,41 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
     sess.conflict = ""
     sess.save()
     return True
+
+
+def _leave_placement_conflict(
+    sess: Session, checkout: Path, patch: Path, image: patchset.Image
+) -> None:
+    """For ``--keep-conflict``: the patch's ``git am`` stopped before its commit,
+    each disputed file holding the 3-way merge from the recorded preimage
+    (with conflict markers and unmerged stages where that merge conflicts).
+
+    ``git am`` is made to stop by a ``pre-applypatch`` hook of the tool's own
+    that fails; ``git am --continue`` (``CONTINUE=1``) then commits the
+    resolution.
+    """
+    g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
+    hooks = sess.work_dir / "stop-hook"
+    hooks.mkdir(parents=True, exist_ok=True)
+    (hooks / "pre-applypatch").write_text(_STOP_HOOK)
+    (hooks / "pre-applypatch").chmod(0o755)
+    with contextlib.suppress(SeriesError):  # it stops: that is the point
+        patchset.am(checkout, [patch], hooks=hooks)
+    target = g.tree_entries(checkout, sess.pre_head, sorted(image))
+    index_info = []
+    for path, (pre, post) in sorted(image.items()):
+        if path not in target or pre is None or post is None or target[path][1] == pre[1]:
+            continue
+        merged, conflicts = placement.merge_file(checkout, target[path][1], pre[1], post[1])
+        (checkout / path).write_bytes(merged)
+        if conflicts:
+            index_info += [f"0 {_NULL_OID}\t{path}", f"{pre[0]} {pre[1]} 1\t{path}",
+                           f"{target[path][0]} {target[path][1]} 2\t{path}",
+                           f"{post[0]} {post[1]} 3\t{path}"]  # fmt: skip
+        else:
+            g.git(checkout, "add", "--", path)
+    if index_info:
+        g.git(checkout, "update-index", "--index-info", input="\n".join(index_info) + "\n")
 
 
 def _upstream_commit_with_patch_id(
@@ -712,6 +817,7 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
     """
     entry = sess.patches[sess.next]
     if sess.keep:
+        interrupts.check()  # a Ctrl-C until here undoes the run; from here on it is kept
         sess.phase = "conflict"
         sess.save()
         _write_report(sess, "STOPPED at a conflict, left for manual resolution",
@@ -719,16 +825,16 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
         raise SeriesError(
             f"{entry.file} conflicts with {sess.target['version']}; the git am session is"
             f" left in progress in {sess.checkout} (branch {sess.branch}).\n"
-            f"{_indent(sess.conflict)}\nResolve the files, `git add` them, then run"
-            " `make rebase CONTINUE=1`; or give up with `make rebase ABORT=1`."
-            f"\nreport: {sess.report_path}"
+            f"{_indent(sess.conflict)}\nResolve the files, `git add` them, then run\n"
+            f"    {hints.make('rebase', CONTINUE='1')}\nor give up with\n"
+            f"    {hints.make('rebase', ABORT='1')}\nreport: {sess.report_path}"
         )
     _write_report(sess, "CONFLICT: rebase stopped", "unchanged", log)
     raise SeriesError(
         f"{entry.file} conflicts with {sess.target['version']}; nothing was changed"
         f" (your checkouts and {Path(sess.patch_dir).name}/ are as they were).\n"
-        f"{_indent(sess.conflict)}\nTo resolve it by hand, run again with --keep-conflict"
-        f" (make rebase TO={sess.to} KEEP=1).\nreport: {sess.report_path}"
+        f"{_indent(sess.conflict)}\nTo resolve it by hand, keep the conflict with\n"
+        f"    {sess.make(TO=sess.to, KEEP='1')}\nreport: {sess.report_path}"
     )
 
 
@@ -738,10 +844,12 @@ def _indent(text: str) -> str:
 
 def _on_error(sess: Session, log: Log) -> None:
     """Undo what a failed start did, unless it stopped for manual resolution."""
-    current = Session.load()
-    if current is not None and current.keep and current.phase in ("conflict", "applied"):
-        return  # kept on purpose for --continue / --abort
-    _discard(sess, log)
+    with interrupts.shielded():
+        current = Session.load()
+        kept = current is not None and current.keep and current.phase in ("conflict", "applied")
+        if kept and interrupts.pending() is None:
+            return  # kept on purpose for --continue / --abort
+        _discard(sess, log)
 
 
 def _discard(sess: Session, log: Log) -> None:
@@ -750,15 +858,24 @@ def _discard(sess: Session, log: Log) -> None:
     ``work/rebase/<to>/`` (and ``work/rebase/``) are removed too when nothing
     is left in them, e.g. after a refusal before any report was written.
     """
-    checkout = Path(sess.checkout)
+    with interrupts.shielded():
+        _discard_now(sess, log)
+
+
+def _discard_now(sess: Session, log: Log) -> None:
     if sess.uses_user_checkout:
-        if checkout.exists() and g.operation_in_progress(checkout) == "git am":
-            g.git(checkout, "am", "--abort", check=False)
-        sess.user_repo_state().restore()
+        checkout = Path(sess.user_checkout)
+        tx = journal.Transaction.load(checkout) if checkout.exists() else None
+        if tx is not None:
+            for note in tx.rollback():
+                log(note)
+        branch = f"refs/heads/{sess.branch}"
+        if checkout.exists() and (tip := g.rev(checkout, branch)):
+            g.git(checkout, "update-ref", "-d", branch, tip)
     scratch = Path(sess.scratch)
     if scratch.exists():
         shutil.rmtree(scratch)
-    for folder in (sess.old_patch_dir, sess.staging):
+    for folder in (sess.old_patch_dir, sess.staging, sess.work_dir / "stop-hook"):
         if folder.exists():
             shutil.rmtree(folder)
     state_path().unlink(missing_ok=True)
@@ -774,7 +891,7 @@ def _clear_stale_session(log: Log) -> None:
     sess = Session.load()
     if sess is None:
         return
-    if sess.phase in ("running", "swapping") and _pid_alive(sess.pid):
+    if sess.phase in ("running", "swapping") and journal.pid_alive(sess.pid):
         raise SeriesError(
             f"a rebase to {sess.to} is running (pid {sess.pid}); wait for it. If no such"
             f" process exists, delete {state_path()} and run again"
@@ -782,16 +899,23 @@ def _clear_stale_session(log: Log) -> None:
     if sess.phase == "swapping":
         log(f"the rebase to {sess.to} was interrupted while replacing"
             f" {sess.patch_dir}; that replacement has been completed")  # fmt: skip
-        _discard(dataclasses.replace(sess, user_state=None), log)
+        _discard(dataclasses.replace(sess, user_checkout=""), log)
         return
-    if sess.keep and (sess.uses_user_checkout or sess.phase != "running"):
+    if sess.keep and sess.uses_user_checkout and sess.phase == "running":
+        raise SeriesError(
+            f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
+            " Restore that checkout exactly as it was before, losing nothing, with:\n"
+            f"    {hints.make('rebase', ABORT='1')}"
+        )
+    if sess.keep and sess.phase != "running":
         what = {
             "conflict": f"stopped at a conflict in {sess.checkout}",
             "applied": "applied but not finished (a later step failed)",
-        }.get(sess.phase, f"interrupted while working in {sess.checkout}")
+        }.get(sess.phase, sess.phase)
         raise SeriesError(
-            f"a rebase to {sess.to} is in progress ({what}); finish it with"
-            " `make rebase CONTINUE=1` or undo it with `make rebase ABORT=1`"
+            f"a rebase to {sess.to} is in progress ({what}); finish it with\n"
+            f"    {hints.make('rebase', CONTINUE='1')}\nor undo it with\n"
+            f"    {hints.make('rebase', ABORT='1')}"
         )
     log(f"discarding the scratch work of an interrupted rebase to {sess.to}"
         f" (pid {sess.pid}); {Path(sess.patch_dir).name}/ was not touched")  # fmt: skip
@@ -810,19 +934,24 @@ def resume(log: Log = print) -> int:
             stopped, files are still unmerged or hold conflict markers, or a
             later patch conflicts (the session stays open again).
     """
+    with interrupts.deferred() as guard:
+        return _resume(log, guard)
+
+
+def _resume(log: Log, guard: interrupts.Guard) -> int:
     sess = Session.load()
     if sess is None:
-        raise SeriesError("no rebase is in progress; start one with `make rebase TO=<version>`")
+        raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
     recover_swap(Path(sess.patch_dir), log)
     if sess.phase in ("running", "swapping"):
-        if _pid_alive(sess.pid):
+        if journal.pid_alive(sess.pid):
             raise SeriesError(f"the rebase to {sess.to} is still running (pid {sess.pid})")
         if sess.phase == "swapping":
             _clear_stale_session(log)  # the swap was finished above: clean up
             return 0
         raise SeriesError(
-            f"the rebase to {sess.to} was interrupted, not stopped at a conflict;"
-            " undo it with `make rebase ABORT=1` and start again"
+            f"the rebase to {sess.to} was interrupted, not stopped at a conflict; undo it"
+            f" with\n    {hints.make('rebase', ABORT='1')}\nand start again"
         )
     sess.phase, sess.pid = "running", os.getpid()
     sess.save()
@@ -832,7 +961,7 @@ def resume(log: Log = print) -> int:
             sess.next += 1
             sess.save()
         if _apply_remaining(sess, log):
-            return _finish(sess, log)
+            return _finish(sess, log, guard)
         _stopped(sess, log)
     except BaseException:
         current = Session.load()
@@ -850,7 +979,7 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
         if unmerged:
             raise SeriesError(
                 f"{entry.file}: still unmerged in {checkout}: {', '.join(unmerged)}; resolve"
-                " them, `git add` them and run `make rebase CONTINUE=1` again"
+                f" them, `git add` them and run `{hints.make('rebase', CONTINUE='1')}` again"
             )
         check = g.git(checkout, "diff", "--cached", "--check", check=False).stdout
         markers = sorted({line.split(":")[0] for line in check.splitlines()
@@ -858,7 +987,8 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
         if markers:
             raise SeriesError(
                 f"{entry.file}: conflict markers are still staged in {', '.join(markers)}"
-                f" ({checkout}); finish resolving, `git add` and run CONTINUE=1 again"
+                f" ({checkout}); finish resolving, `git add` and run"
+                f" `{hints.make('rebase', CONTINUE='1')}` again"
             )
         proc = g.git(checkout, "-c", "core.hooksPath=/dev/null", "am", "--continue",
                      check=False)  # fmt: skip
@@ -893,11 +1023,16 @@ def abort(log: Log = print) -> int:
     Raises:
         SeriesError: no session, or its process is still running.
     """
+    with interrupts.deferred():
+        return _abort(log)
+
+
+def _abort(log: Log) -> int:
     sess = Session.load()
     if sess is None:
         raise SeriesError("no rebase is in progress: nothing to abort")
     recover_swap(Path(sess.patch_dir), log)
-    if sess.phase in ("running", "swapping") and _pid_alive(sess.pid):
+    if sess.phase in ("running", "swapping") and journal.pid_alive(sess.pid):
         raise SeriesError(
             f"the rebase to {sess.to} is still running (pid {sess.pid}); stop it first"
         )
@@ -915,18 +1050,21 @@ def abort(log: Log = print) -> int:
 # Success steps
 
 
-def _finish(sess: Session, log: Log) -> int:
+def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
     """Export, manifest, range-diff, tests; then (and only then) swap patches/."""
     scratch = Path(sess.scratch)
     checkout = Path(sess.checkout)
     if sess.uses_user_checkout:
-        g.git(scratch, "fetch", "-q", str(checkout), f"+refs/heads/{sess.branch}:{NEW_REF}")
-        state = sess.user_repo_state()
-        back = [state.branch] if state.branch else ["--detach", state.head]
-        g.git(checkout, "checkout", "-q", *back)
+        g.git(scratch, "fetch", "-q", "--no-write-fetch-head", str(checkout),
+              f"+refs/heads/{sess.branch}:{NEW_REF}")  # fmt: skip
+        # The user's checkout goes back exactly where it was; the branch stays.
+        tx = journal.Transaction.load(checkout)
+        if tx is not None:
+            for note in tx.rollback(keep_refs={f"refs/heads/{sess.branch}"}):
+                log(note)
     else:
         g.git(scratch, "update-ref", NEW_REF, "HEAD")
-    new_tip = g.rev(scratch, NEW_REF) or ""
+    new_tip = sess.new_tip = g.rev(scratch, NEW_REF) or ""
     sess.phase = "applied"
     sess.save()
 
@@ -987,14 +1125,17 @@ def _finish(sess: Session, log: Log) -> int:
         + f", base {manifest.base.project} {manifest.base.version}"
     )
     _write_report(sess, "SUCCESS", outcome, log, range_diff, quiet=True)
+    interrupts.check()  # the last moment a signal undoes the rebase
     sess.phase = "swapping"
     sess.save()
-    swap_in(sess.staging, patch_dir, manifest_name)
+    with interrupts.shielded():
+        swap_in(sess.staging, patch_dir, manifest_name)
+    guard.completed()
     _write_report(sess, "SUCCESS", outcome, log, range_diff)
     if sess.uses_user_checkout:
         log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
             " holds the rebased series")  # fmt: skip
-        sess.user_state = None  # keep the branch: do not restore on cleanup
+        sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
     _discard(sess, log)
     return 0
 
@@ -1128,14 +1269,14 @@ def _write_report(
             out += [
                 "",
                 f"The `git am` session is in progress in `{sess.checkout}` (branch"
-                f" `{sess.branch}`). Resolve, `git add`, then `make rebase CONTINUE=1`;"
-                " or `make rebase ABORT=1`.",
+                f" `{sess.branch}`). Resolve, `git add`, then"
+                f" `{hints.make('rebase', CONTINUE='1')}`; or `{hints.make('rebase', ABORT='1')}`.",
             ]
     if range_diff is not None:
         out += [
             "", "## Range-diff (old series vs new series)", "",
             f"`git range-diff {sess.old_base[:12]}..{sess.old_tip[:12]}"
-            f" {sess.new_base[:12]}..{(g.rev(Path(sess.scratch), NEW_REF) or '')[:12]}`",
+            f" {sess.new_base[:12]}..{sess.new_tip[:12]}`",
             "", "```", range_diff or "(empty: both series are empty)", "```",
         ]  # fmt: skip
     if sess.tests:

@@ -37,8 +37,8 @@ from pathlib import Path
 from . import base as base_mod
 from . import export as export_mod
 from . import git as g
+from . import interrupts, patchset
 from . import manifest as manifest_mod
-from . import patchset
 from .errors import SeriesError
 from .report import table
 
@@ -61,7 +61,7 @@ def run_pytest(checkout: Path, tests: list[str], deselect: dict[str, str]) -> tu
     for nodeid in deselect:
         cmd += ["--deselect", nodeid]
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(checkout))
-    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    proc = interrupts.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     tail = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]
     print(output, end="")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+
+# The real git, resolved before any test puts a test double first on PATH.
+GIT = shutil.which("git")
+# Configuration a test may point at the tool; the tests' own git calls ignore it.
+_HOSTILE_ENV = ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM",
+                "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT")  # fmt: skip
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Test Author",
@@ -49,11 +57,13 @@ class Repo:
         self.path = path
 
     def git(self, *args: str, check: bool = True, input: str | None = None) -> str:
-        import os
-
-        env = dict(os.environ, **IDENTITY, LC_ALL="C")
+        # The test's own calls: no hooks, no optional index refresh (a
+        # snapshot must not rewrite the index it records), no hostile config.
+        env = {k: v for k, v in os.environ.items() if k not in _HOSTILE_ENV}
+        env.update(IDENTITY, LC_ALL="C", GIT_OPTIONAL_LOCKS="0")
+        quiet = ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false"]
         proc = subprocess.run(
-            ["git", "-C", str(self.path), *args],
+            [GIT, "-C", str(self.path), *quiet, *args],
             capture_output=True, text=True, env=env, input=input,
         )  # fmt: skip
         if check and proc.returncode != 0:
@@ -101,15 +111,26 @@ def make_repo(tmp_path):
 def snapshot(repo: Repo) -> dict[str, str]:
     """Everything a failed operation must leave as it was.
 
-    HEAD and branch (or detached), every branch tip, the index (as git records
-    it), the work tree (tracked changes, untracked and ignored files with their
-    contents), the stash and the repository's local config.
+    HEAD and branch (or detached), every ref, the index (its entries and its
+    raw bytes), the work tree (tracked changes, untracked and ignored files
+    with their contents), the stash, the repository's config (raw bytes too)
+    and what else the git folder holds (an am session, a journal, a lock).
     """
     files = {}
     for rel in repo.git("ls-files", "-z", "--others", "--cached").split("\0"):
         if rel and (repo.path / rel).is_file():
             files[rel] = (repo.path / rel).read_bytes().hex()
+    gdir = Path(repo.git("rev-parse", "--absolute-git-dir"))
+    raw = {}
+    git_dir = sorted(p.name for p in gdir.iterdir() if p.name not in ("objects", "logs"))
+    for name in ("HEAD", "ORIG_HEAD", "config", "index", "packed-refs"):
+        path = gdir / name
+        raw[name] = path.read_bytes().hex() if path.exists() else None
     return {
+        "raw": repr(raw),
+        # What the git folder holds besides objects and reflogs: no journal,
+        # no am session, no lock left behind.
+        "git_dir": repr(git_dir),
         "head": repo.git("rev-parse", "HEAD"),
         "branch": repo.git("symbolic-ref", "-q", "HEAD", check=False),
         "branches": repo.git("for-each-ref", "--format=%(refname) %(objectname)"),
@@ -169,3 +190,108 @@ def toy_series(make_repo, tmp_path):
     repo.git("checkout", "-q", "main")
     repo.git("branch", "-q", "-D", "work")
     return repo, manifest, patch_dir
+
+
+# A test double for git, first on PATH: it logs every call and, as the
+# environment asks, pauses on call N until told to go (so a test can signal
+# the tool at a known step), or dies there by SIGKILL (git killed mid-way).
+FAKE_GIT = r"""#!/bin/sh
+d=$FAKEGIT
+while ! mkdir "$d/lock" 2>/dev/null; do sleep 0.01; done
+n=$(( $(cat "$d/count" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$d/count"
+rmdir "$d/lock"
+printf '%s\t%s\n' "$n" "$*" >> "$d/log"
+if [ "$n" = "${FAKEGIT_PAUSE_AT:-}" ]; then
+    : > "$d/paused"
+    while [ ! -e "$d/go" ]; do sleep 0.01; done
+fi
+if [ "$n" = "${FAKEGIT_DIE_AT:-}" ]; then
+    kill -9 $$
+fi
+if [ -n "${FAKEGIT_HALF_AM:-}" ]; then
+    # `git am` that writes its first patch's files, then dies.
+    dir=.; sub=; prev=; first=
+    for a in "$@"; do
+        if [ "$prev" = "-C" ]; then dir=$a
+        elif [ "$prev" = "-c" ]; then :
+        elif [ -z "$sub" ] && [ "${a#-}" = "$a" ]; then sub=$a
+        elif [ "$sub" = am ] && [ -z "$first" ] && [ "${a%.patch}" != "$a" ]; then first=$a
+        fi
+        prev=$a
+    done
+    if [ "$sub" = am ] && [ -n "$first" ]; then
+        "$FAKEGIT_REAL" -C "$dir" apply "$first"
+        kill -9 $$
+    fi
+fi
+"$FAKEGIT_REAL" "$@"
+rc=$?
+: > "$d/done.$n"
+exit $rc
+"""
+
+
+class FakeGit:
+    """Controls the git test double: ``env(...)`` is the environment to run
+    the tool with, ``calls()`` the git calls it made (one string each)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.bin = root / "bin"
+        self.state = root / "state"
+        self.bin.mkdir(parents=True)
+        self.state.mkdir()
+        git = self.bin / "git"
+        git.write_text(FAKE_GIT)
+        git.chmod(0o755)
+
+    def reset(self) -> None:
+        shutil.rmtree(self.state)
+        self.state.mkdir()
+
+    def env(self, **modes: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
+        env["FAKEGIT"] = str(self.state)
+        env["FAKEGIT_REAL"] = GIT
+        for key, value in modes.items():
+            env[f"FAKEGIT_{key.upper()}"] = str(value)
+        return env
+
+    def calls(self) -> list[str]:
+        log = self.state / "log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [line.split("\t", 1)[1] for line in lines]
+
+    def paused(self) -> bool:
+        return (self.state / "paused").exists()
+
+    def go(self) -> None:
+        (self.state / "go").touch()
+
+    def done(self, n: int) -> bool:
+        """Whether call ``n`` has finished (also after the tool was killed)."""
+        return (self.state / f"done.{n}").exists()
+
+
+@pytest.fixture
+def fake_git(tmp_path):
+    return FakeGit(tmp_path / "fake-git")
+
+
+@pytest.fixture
+def make_work_dir(tmp_path):
+    """A work folder for running make targets as a user would (`make rebase`
+    first runs `make venv`, which materialises the pinned base): it borrows
+    the materialised base and sdist cache of this checkout's work folder, and
+    a placeholder for the default checkout, so nothing is fetched or cloned."""
+    real = Path(os.environ.get("SERIES_WORK_DIR", ROOT / "work"))
+    if not (real / "base").is_dir():
+        pytest.skip(f"{real}/base is not materialised: run `make venv` first")
+    work = tmp_path / "make-work"
+    work.mkdir()
+    for name in ("base", "sdist"):
+        (work / name).symlink_to(real / name)
+    (work / "vllm").mkdir()
+    return work

@@ -86,7 +86,7 @@ def test_wrong_base_is_refused_naming_files_and_rebase(toy_series):
     with pytest.raises(SeriesError) as err:
         _apply(repo, manifest, patch_dir)
     assert "pkg/loader.py" in str(err.value)
-    assert "make rebase" in str(err.value)
+    assert f" rebase TO={repo.head()[:12]} VLLM={repo.path}" in str(err.value)
     assert "tests/test_first.py" not in str(err.value)  # absent in both: fine
     assert snapshot(repo) == before
 
@@ -118,6 +118,7 @@ def test_failing_patch_restores_checkout_exactly(toy_series, detached):
     second = patch_dir / manifest.patches[1].file
     second.write_text(second.read_text().replace(" def load(x):", " def load(y):"))
     manifest.patches[1].patch_id = patchset.patch_id_of_file(second)
+    manifest.patches[1].sha256 = patchset.sha256_of_file(second)
     if detached:
         repo.git("checkout", "-q", "--detach", "HEAD")
     _user_clutter(repo)
@@ -129,19 +130,6 @@ def test_failing_patch_restores_checkout_exactly(toy_series, detached):
     assert "number 2" in message and "pkg/loader.py" in message
     assert snapshot(repo) == before
     assert not (repo.path / ".git" / "rebase-apply").exists()
-
-
-def test_untracked_file_in_the_way_fails_cleanly(toy_series):
-    repo, manifest, patch_dir = toy_series
-    repo.write({"tests/test_second.py": "user's own file\n"})
-    before = snapshot(repo)
-    with pytest.raises(SeriesError, match="does not apply") as err:
-        _apply(repo, manifest, patch_dir)
-    # git's own reason and the patch are in the message.
-    assert "tests/test_second.py" in str(err.value)
-    assert manifest.patches[1].file in str(err.value)
-    assert snapshot(repo) == before
-    assert (repo.path / "tests/test_second.py").read_text() == "user's own file\n"
 
 
 def test_partially_applied_series_is_refused(toy_series):
@@ -179,3 +167,69 @@ def test_apply_records_where_the_series_starts(toy_series):
     _apply(repo, manifest, patch_dir)
     key = f"branch.{manifest.branch_name}.{apply_mod.SERIES_BASE_KEY}"
     assert repo.git("config", "--get", key) == base
+
+
+# --------------------------------------------------------------------------
+# Paths the series creates, and what "already applied" means
+
+
+@pytest.mark.parametrize("how", ["gitignore", "info/exclude", "untracked"])
+def test_a_file_at_a_path_the_series_creates_is_refused_naming_it(toy_series, how):
+    """An ignored file is user data too: apply must not overwrite it."""
+    repo, manifest, patch_dir = toy_series
+    if how == "gitignore":
+        repo.write({".gitignore": ".gitignore\ntests/test_second.py\n"})
+    elif how == "info/exclude":
+        (repo.path / ".git" / "info").mkdir(exist_ok=True)
+        (repo.path / ".git" / "info" / "exclude").write_text("tests/test_second.py\n")
+    repo.write({"tests/test_second.py": "the user's own file\n"})
+    _user_clutter(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as err:
+        _apply(repo, manifest, patch_dir)
+    assert "tests/test_second.py" in str(err.value)
+    assert snapshot(repo) == before
+    assert (repo.path / "tests/test_second.py").read_text() == "the user's own file\n"
+
+
+def test_applied_then_reverted_series_is_applied_again(toy_series):
+    """History holds the series' patch IDs, the tree does not: not applied."""
+    repo, manifest, patch_dir = toy_series
+    base = repo.head()
+    _apply(repo, manifest, patch_dir)
+    applied_tree = repo.git("rev-parse", "HEAD^{tree}")
+    repo.git("branch", "-q", "-m", manifest.branch_name, "tried-it")
+    repo.git("revert", "--no-edit", f"{base}..HEAD")
+    assert repo.git("rev-parse", "HEAD^{tree}") == repo.git("rev-parse", f"{base}^{{tree}}")
+
+    rc, output = _apply(repo, manifest, patch_dir)
+
+    assert rc == 0 and "already applied" not in output
+    assert repo.git("symbolic-ref", "--short", "HEAD") == manifest.branch_name
+    assert repo.git("rev-parse", "HEAD^{tree}") == applied_tree
+
+
+def test_series_result_in_one_squashed_commit_counts_as_applied(toy_series):
+    """The tree holds the series' result without its commits: already applied."""
+    repo, manifest, patch_dir = toy_series
+    base = repo.head()
+    repo.git("am", "-q", *[str(p) for p in manifest.patch_paths(patch_dir)])
+    repo.git("reset", "-q", "--soft", base)
+    repo.git("commit", "-q", "-m", "the loader series, squashed")
+    _user_clutter(repo)
+    before = snapshot(repo)
+    rc, output = _apply(repo, manifest, patch_dir)
+    assert rc == 0 and "already applied" in output
+    assert snapshot(repo) == before
+
+
+def test_git_am_dying_mid_patch_leaves_nothing_behind(toy_series, fake_git, monkeypatch):
+    """git killed after writing a patch's files: no file of it may remain."""
+    repo, manifest, patch_dir = toy_series
+    _user_clutter(repo)
+    before = snapshot(repo)
+    for key, value in fake_git.env(half_am=1).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SeriesError, match="nothing was changed"):
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before

@@ -21,9 +21,10 @@ import pytest
 from conftest import IDENTITY, Repo
 from seriestool import audit, check_manifest, cli
 from seriestool import base as base_mod
+from seriestool.errors import SeriesError
 from seriestool.git import blob_ids
 from seriestool.manifest import load as load_manifest
-from seriestool.patchset import files_touched, patch_id_of_file, subject_of_file
+from seriestool.patchset import files_touched, patch_id_of_file, sha256_of_file, subject_of_file
 
 CONFIG_0 = "A = 1\nB = 2\nC = 3\n"
 CONFIG_3 = "A = 1\nB = 2\nC = 3\nLOADER = 'safetensors'\n"
@@ -131,6 +132,7 @@ def write_manifest(path: Path, patch_dir: Path, base: str, repo: Repo) -> None:
                 "file": f,
                 "subject": subject_of_file(patch_dir / f),
                 "patch_id": patch_id_of_file(patch_dir / f),
+                "sha256": sha256_of_file(patch_dir / f),
             }
             for f in files
         ],
@@ -615,7 +617,7 @@ def test_missing_filter_repo_is_refused_when_needed(series, capsys, monkeypatch,
     (tmp_path / "bin" / "git").symlink_to(shutil.which("git"))  # git only, no filter-repo
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     rc, err = series.check(capsys, "--consolidated", "cons")
-    assert rc == 2 and "git-filter-repo is needed" in err and "make venv" in err
+    assert rc == 2 and "git-filter-repo is needed" in err and " venv`" in err
 
 
 def test_series_merged_into_a_fork_branch(series, capsys):
@@ -666,8 +668,8 @@ def test_the_fixture_series_agrees_with_its_manifest(series):
 def test_tampered_patch_file_is_refused_not_audited(series, capsys, monkeypatch):
     """A patch edited after export is not the series: the audit must not trust it.
 
-    The consolidated branch carries the tampered change, so auditing against
-    the patch files as they are passes (shown first); the command refuses.
+    The consolidated branch carries the tampered change; the command refuses
+    before auditing, naming the file.
     """
     tampered = series.patch_dir / FILES[2]
     text = tampered.read_text()
@@ -676,7 +678,10 @@ def test_tampered_patch_file_is_refused_not_audited(series, capsys, monkeypatch)
     pickle_config = CONFIG_3.replace("'safetensors'", "'pickle'")
     series.consolidate([PATCH_1, PATCH_2, (PATCH_3[0], {"vllm/config.py": pickle_config})])
     files = [series.patch_dir / f for f in FILES]
-    assert audit.audit(series.repo.path, "cons", series.base, files).ok  # the hazard
+    # The hand edit left the index line's postimage behind: even the audit
+    # itself no longer builds the series from it.
+    with pytest.raises(SeriesError, match="not the patch's postimage"):
+        audit.audit(series.repo.path, "cons", series.base, files)
     monkeypatch.setattr(audit, "audit", _no_audit)
 
     rc, err = series.check(capsys, "--consolidated", "cons")
@@ -684,7 +689,7 @@ def test_tampered_patch_file_is_refused_not_audited(series, capsys, monkeypatch)
     assert rc == 2
     assert f"{FILES[2]}: stable patch ID" in err
     assert "disagrees with" in err and str(series.manifest) in err
-    assert "make check-manifest" in err and "make export" in err
+    assert " check-manifest`" in err and " export`" in err
 
 
 def _no_audit(*args, **kwargs):
@@ -757,3 +762,29 @@ def test_scale_thousands_of_commits(series, capsys, n_commits):
     assert "noise" not in report["patches"][1]["range_diff"]
     assert report["extra"] == [] and rc == 1
     assert took < 60, "auditing thousands of commits must take seconds, not minutes"
+
+
+# ---------------------------------------------------------------- a fork without the base
+
+
+def test_fork_lacking_the_pinned_base_is_told_what_is_missing_and_how_to_supply_it(
+    make_repo, tmp_path, capsys
+):
+    """A fork's own history: neither the base commit nor its blobs are there."""
+    series = build_series(make_repo, tmp_path)
+    fork = make_repo("fork", {**BASE_FILES, "vllm/config.py": CONFIG_0 + "FORK = 1\n"})
+    fork.commit("fork: the loader series", {**PATCH_1[1], **PATCH_2[1]})
+    args = ["check", "--vllm", str(fork.path), "--consolidated", "main",
+            "--patches-dir", str(series.patch_dir), "--manifest", str(series.manifest)]  # fmt: skip
+    capsys.readouterr()
+
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert series.base[:12] in err and "not in" in err
+    assert f"git -C {fork.path} fetch" in err and "v0.0.0" in err and "BASE=" in err
+
+    assert cli.main([*args, "--base", "main~1"]) == 2
+    err = capsys.readouterr().err
+    assert "vllm/config.py" in err and "lacks" in err
+    assert "lacks necessary blobs" not in err  # git's words, not an explanation
+    assert "fetch" in err and "BASE=" in err

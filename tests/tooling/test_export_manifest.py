@@ -211,3 +211,47 @@ def _export_branch(repo, manifest, branch, out_dir):
         repo.path, manifest, branch, None, patch_dir=out_dir,
         manifest_path=out_dir / "series.json", log=lambda *_: None,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        (
+            "author",
+            "From: Test Author <author@example.com>",
+            "From: Someone Else <else@example.com>",
+        ),
+        ("message", "Body of the first patch.", "Body of the first patch, reworded."),
+        ("hunk line numbers", "@@ -1,2 +1,3 @@", "@@ -1,2 +2,3 @@"),
+    ],
+    ids=lambda e: e[0],
+)
+def test_changed_bytes_that_keep_the_patch_id_fail_check_manifest_and_apply(toy_series, edit):
+    """The stable patch ID ignores authors, messages and line numbers; the
+    manifest's sha256 of each patch file does not."""
+    from conftest import snapshot
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    _what, old, new = edit
+    entry = manifest.patches[0]
+    path = patch_dir / entry.file
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new, 1))
+    assert patchset.patch_id_of_file(path) == entry.patch_id  # the gap
+    found = check_manifest.problems(manifest, patch_dir)
+    assert [f.split(":")[0] for f in found] == [entry.file]
+    assert "sha256" in found[0]
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match=entry.file):
+        apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    assert snapshot(repo) == before
+
+
+def test_manifest_pins_the_sha256_of_every_patch_file(toy_series):
+    import hashlib
+
+    _repo, _manifest, patch_dir = toy_series
+    saved = manifest_mod.load(patch_dir / "series.json")
+    for entry in saved.patches:
+        assert entry.sha256 == hashlib.sha256((patch_dir / entry.file).read_bytes()).hexdigest()

@@ -284,7 +284,7 @@ def test_keep_conflict_then_continue_after_resolution(series, work_dir):
     assert rebase_mod.state_path().exists()
     assert _contents(patch_dir) == patches_before
     # A new rebase is refused while this one is open.
-    with pytest.raises(SeriesError, match="in progress.*CONTINUE=1.*ABORT=1"):
+    with pytest.raises(SeriesError, match="(?s)in progress.*CONTINUE=1.*ABORT=1"):
         _rebase(repo, "conflict", patch_dir)
     # Continuing before resolving is refused and changes nothing.
     with pytest.raises(SeriesError, match="still unmerged.*pkg/loader.py"):
@@ -449,7 +449,7 @@ def test_refusals_name_the_input_and_the_fix(series, work_dir, capsys):
     repo, patch_dir = series
     with pytest.raises(SeriesError, match="no commit or tag 'nope'.*drop VLLM="):
         _rebase(repo, "nope", patch_dir)
-    with pytest.raises(SeriesError, match="not a version.*VLLM=<checkout>"):
+    with pytest.raises(SeriesError, match="not a version.*needs VLLM="):
         rebase_mod.start("deadbeef", None, patch_dir=patch_dir, log=lambda *_: None)
     with pytest.raises(SeriesError, match="already based on"):
         _rebase(repo, "main", patch_dir)
@@ -636,7 +636,7 @@ def test_killed_keep_conflict_session_in_a_checkout_refuses_until_aborted(series
     sess.save()
     with pytest.raises(SeriesError, match="interrupted while working in"):
         _rebase(repo, "conflict", patch_dir)
-    with pytest.raises(SeriesError, match="interrupted, not stopped at a conflict.*ABORT=1"):
+    with pytest.raises(SeriesError, match="(?s)interrupted, not stopped at a conflict.*ABORT=1"):
         rebase_mod.resume(log=lambda *_: None)
     assert rebase_mod.abort(log=lambda *_: None) == 0
     assert snapshot(repo) == before
@@ -799,3 +799,119 @@ def test_checkout_without_the_old_base_gets_its_blobs_for_three_way(
     assert has_object(preimage)
     assert rebase_mod.abort(log=lambda *_: None) == 0
     assert snapshot(user) == before
+
+
+# --------------------------------------------------------------------------
+# Placement: git applies a hunk at the nearest matching context
+
+
+BLOCK = "".join(f"block_{c} = '{c}'\n" for c in "abcdefg")
+HEAD_LINES = [f"head_{n:02d} = {n}\n" for n in range(1, 11)]
+TAIL = "".join(f"tail_{n:02d} = {n}\n" for n in range(1, 11))
+
+
+@pytest.fixture
+def copied_block(make_repo, tmp_path):
+    """A one-patch series changing a block, and an upstream branch ``copied``
+    that put a copy of that block five lines above it."""
+    base_text = "".join(HEAD_LINES) + BLOCK + TAIL
+    repo = make_repo("upstream", {"pkg/blocks.py": base_text})
+    base = repo.head()
+    repo.git("checkout", "-q", "-b", "work")
+    repo.commit("[Loader] change the block", {
+        "pkg/blocks.py": base_text.replace("block_d = 'd'", "block_d = 'D'  # series"),
+    })  # fmt: skip
+    patch_dir = tmp_path / "patches"
+    patch_dir.mkdir()
+    manifest = manifest_mod.Manifest(
+        name="toy", version="1", regression_tests=manifest_mod.RegressionTests(), patches=[],
+        base=manifest_mod.Base(
+            project="toy", version="1.0", upstream_commit=base[:9],
+            sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64), commit=base, touched_files={},
+        ),
+    )  # fmt: skip
+    export_mod.export_series(
+        repo.path, manifest, "work", base, patch_dir=patch_dir,
+        manifest_path=patch_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip
+    repo.git("checkout", "-q", "main")
+    copied = "".join(HEAD_LINES[:5]) + BLOCK + "".join(HEAD_LINES[5:]) + BLOCK + TAIL
+    _upstream(repo, "copied", {"pkg/blocks.py": copied})
+    return repo, patch_dir
+
+
+def test_hunk_whose_context_appears_twice_is_not_placed_on_the_wrong_copy(
+    copied_block, tmp_path, work_dir
+):
+    """git applies the hunk to the copy (the nearest match); the 3-way merge
+    from the recorded preimage changes the real block: they disagree, so the
+    rebase stops as a conflict naming patch, file and hunk."""
+    repo, patch_dir = copied_block
+    # The hazard: plain `git apply` changes the copy at line 9, not the block.
+    probe = tmp_path / "probe"
+    subprocess.run(["git", "clone", "-q", "--branch", "copied", str(repo.path), str(probe)],
+                   check=True)  # fmt: skip
+    patch = next(patch_dir.glob("*.patch"))
+    subprocess.run(["git", "-C", str(probe), "apply", str(patch)], check=True)
+    assert (probe / "pkg/blocks.py").read_text().splitlines()[8] == "block_d = 'D'  # series"
+    patches_before = _contents(patch_dir)
+
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "copied", patch_dir)
+
+    message = str(err.value)
+    assert f"{patch.name} conflicts" in message
+    assert "pkg/blocks.py" in message and "@@ -11,7 +11,7 @@" in message
+    assert "3-way merge" in message and "line 9" in message and "line 21" in message
+    assert _contents(patch_dir) == patches_before
+    _no_session(work_dir)
+
+
+def test_misplaced_hunk_kept_for_resolution_holds_the_three_way_result(copied_block, work_dir):
+    """With KEEP=1 the patch stops before its commit, the file holding the
+    3-way merge; continuing commits it, and the new patch changes the block."""
+    repo, patch_dir = copied_block
+    with pytest.raises(SeriesError, match="(?s)placement: pkg/blocks.py.*CONTINUE=1"):
+        _rebase(repo, "copied", patch_dir, keep_conflict=True)
+    lines = (repo.path / "pkg/blocks.py").read_text().splitlines()
+    assert lines[8] == "block_d = 'd'" and lines[20] == "block_d = 'D'  # series"
+    assert (repo.path / ".git" / "rebase-apply").exists()
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    [patch] = patch_dir.glob("*.patch")
+    assert "@@ -18,7 +18,7 @@" in patch.read_text()
+    _no_session(work_dir)
+
+
+def test_conflict_hint_carries_the_checkout_and_works_as_printed(
+    make_repo, tmp_path, work_dir, make_work_dir
+):
+    """The hint names VLLM= (quoted: the path has a space) and every option the
+    run had; pasted as printed it keeps the conflict for resolution."""
+    repo = make_repo("my vllm", {
+        "pkg/loader.py": LOADER,
+        "pkg/other.py": "VALUE = 1\n\n\n\n\nOTHER = 1\n",
+    })  # fmt: skip
+    base = repo.head()
+    patch_dir = tmp_path / "my patches"
+    _series_on(repo, base, patch_dir, manifest_mod.Base(
+        project="toy", version="1.0", upstream_commit=base[:9],
+        sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64), commit=base, touched_files={},
+    ))  # fmt: skip
+    _conflict_base(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "conflict", patch_dir)
+    hint = next(line.strip() for line in str(err.value).splitlines() if "make " in line)
+    assert f"VLLM='{repo.path}'" in hint and "KEEP=1" in hint and "NOTEST=1" in hint
+    assert f"PATCHES='{patch_dir}'" in hint
+
+    env = dict(os.environ, SERIES_WORK_DIR=str(make_work_dir))
+    done = subprocess.run(["bash", "-c", hint], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode != 0 and "left in progress" in done.stderr, done.stderr
+    assert repo.git("symbolic-ref", "--short", "HEAD") == "toy/v1-rebase-onto-conflict"
+    assert "<<<<<<< " in (repo.path / "pkg/loader.py").read_text()
+    abort = subprocess.run(["make", "-C", str(ROOT), "rebase", "ABORT=1"], env=env,
+                           capture_output=True, text=True)  # fmt: skip
+    assert abort.returncode == 0, abort.stderr
+    assert snapshot(repo) == before

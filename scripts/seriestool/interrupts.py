@@ -1,0 +1,138 @@
+"""SIGINT, SIGTERM and SIGHUP, acted on at safe points only.
+
+While ``deferred()`` is active a signal is only recorded.  The next git call
+(``git.git`` calls ``check()`` first) raises ``Interrupted`` instead of
+running, so the command stops between two git commands, never inside one,
+and its ``except``/``finally`` blocks undo what it did.  Code that undoes
+work runs ``shielded()``: a second Ctrl-C must not stop the restore itself.
+
+git runs in a session of its own (``git.git``), so a Ctrl-C at the terminal,
+which signals the whole foreground process group, reaches the tool but not
+the git command it is waiting for.  Other programs the tool waits for (pip,
+pytest) are passed the signal by ``run()``, so they stop promptly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+
+from .errors import SeriesError
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_pending: list[int] = []
+_shield_depth = 0
+_depth = 0
+_child: subprocess.Popen | None = None
+
+
+class Interrupted(SeriesError):
+    """The user interrupted the command; raised at a safe point."""
+
+    def __init__(self, signum: int):
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {name}", exit_code=128 + signum)
+        self.signum = signum
+
+
+def _record(signum, _frame) -> None:
+    _pending.append(signum)
+    if _child is not None and _child.poll() is None:
+        _child.send_signal(signum)
+
+
+class Guard:
+    """Handed out by ``deferred()``: ``completed()`` marks the point after
+    which the command's work stands (a signal then no longer undoes it)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def completed(self) -> None:
+        global _shield_depth
+        if not self.done:
+            self.done = True
+            _shield_depth += 1  # until the block ends: reports and cleanup run to the end
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[Guard]:
+    """Record signals instead of dying; raise ``Interrupted`` at safe points.
+
+    On leaving, the previous handlers are back; a signal still pending is
+    raised as ``Interrupted`` (unless the block raised already, or marked
+    its work ``completed()``).
+    """
+    global _depth
+    guard = Guard()
+    if threading.current_thread() is not threading.main_thread():
+        yield guard  # signal handlers belong to the main thread
+        return
+    previous = {}
+    if _depth == 0:
+        _pending.clear()
+        previous = {s: signal.signal(s, _record) for s in SIGNALS}
+    _depth += 1
+    try:
+        yield guard
+        if _depth == 1 and not guard.done:
+            check()
+    except SeriesError as e:
+        # A program that died of the same Ctrl-C (pip, pytest) is not the news.
+        if _pending and _depth == 1 and not isinstance(e, Interrupted):
+            raise Interrupted(_pending[0]) from e
+        raise
+    finally:
+        global _shield_depth
+        if guard.done:
+            _shield_depth -= 1
+        _depth -= 1
+        if _depth == 0:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def pending() -> int | None:
+    """The first signal received and not yet acted on, if any."""
+    return _pending[0] if _pending else None
+
+
+def check() -> None:
+    """Raise ``Interrupted`` when a signal is pending (not while shielded)."""
+    if _pending and _shield_depth == 0:
+        raise Interrupted(_pending[0])
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Run undo work to its end, whatever signals arrive meanwhile."""
+    global _shield_depth
+    _shield_depth += 1
+    try:
+        yield
+    finally:
+        _shield_depth -= 1
+
+
+def run(cmd, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` whose child also receives a deferred signal."""
+    global _child
+    check()
+    capture = kwargs.pop("capture_output", False)
+    if capture:
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+    input_ = kwargs.pop("input", None)
+    if input_ is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    with subprocess.Popen(cmd, **kwargs) as proc:
+        _child = proc
+        try:
+            stdout, stderr = proc.communicate(input_)
+        finally:
+            _child = None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

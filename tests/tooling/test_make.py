@@ -1,0 +1,72 @@
+"""The make targets as a user types them: a path with spaces arrives intact,
+and the command a refusal suggests runs as printed."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+
+from conftest import ROOT, Repo
+from seriestool import export as export_mod
+from seriestool import manifest as manifest_mod
+
+LOADER = "".join(f"line_{n:02d} = {n}\n" for n in range(1, 31))
+
+
+def _make(*args: str, work) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SERIES_WORK_DIR=str(work))
+    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+
+
+def test_apply_through_make_takes_a_checkout_path_with_spaces(toy_series, tmp_path, make_work_dir):
+    repo, manifest, patch_dir = toy_series
+    spaced = Repo(tmp_path / "my checkouts" / "vllm copy")
+    shutil.copytree(repo.path, spaced.path)
+    done = _make("apply", f"VLLM={spaced.path}", f"PATCHES={patch_dir}", work=make_work_dir)
+    assert done.returncode == 0, done.stderr
+    assert spaced.git("symbolic-ref", "--short", "HEAD") == manifest.branch_name
+
+
+def test_not_at_the_base_hint_runs_as_printed(make_repo, tmp_path, make_work_dir):
+    """apply refuses a checkout whose files moved on; the rebase it suggests,
+    pasted as printed, carries the series there, and apply then succeeds."""
+    repo = make_repo("my vllm", {"pkg/loader.py": LOADER, "tests/test_loader.py": "X = 1\n"})
+    base = repo.head()
+    repo.git("checkout", "-q", "-b", "work")
+    repo.commit("[Loader] change line 10", {
+        "pkg/loader.py": LOADER.replace("line_10 = 10", 'line_10 = "ten"'),
+        "tests/test_ten.py": "def test_ten():\n    assert True\n",
+    })  # fmt: skip
+    patch_dir = tmp_path / "my patches"
+    patch_dir.mkdir()
+    manifest = manifest_mod.Manifest(
+        name="toy", version="1", regression_tests=manifest_mod.RegressionTests(), patches=[],
+        base=manifest_mod.Base(
+            project="toy", version="1.0", upstream_commit=base[:9],
+            sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64), commit=base, touched_files={},
+        ),
+    )  # fmt: skip
+    export_mod.export_series(
+        repo.path, manifest, "work", base, patch_dir=patch_dir,
+        manifest_path=patch_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip
+    repo.git("checkout", "-q", "main")
+    repo.git("branch", "-q", "-D", "work")
+    local = repo.commit("local change", {"pkg/loader.py": LOADER.replace("line_25 = 25", "")})
+
+    refused = _make("apply", f"VLLM={repo.path}", f"PATCHES={patch_dir}", work=make_work_dir)
+    assert refused.returncode != 0 and "is not at the pinned base" in refused.stderr
+    [hint] = [line.strip() for line in refused.stderr.splitlines() if "make " in line]
+    assert shlex.split(hint)[:4] == ["make", "-C", str(ROOT), "rebase"]
+
+    env = dict(os.environ, SERIES_WORK_DIR=str(make_work_dir))
+    done = subprocess.run(["bash", "-c", hint], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert manifest_mod.load(patch_dir / "series.json").base.commit == local
+    applied = _make("apply", f"VLLM={repo.path}", f"PATCHES={patch_dir}", work=make_work_dir)
+    assert applied.returncode == 0, applied.stderr
+    assert 'line_10 = "ten"' in (repo.path / "pkg/loader.py").read_text()
