@@ -259,6 +259,28 @@ def incomplete_bound(modules: dict[str, dict], order: list[str], sizes: dict) ->
     return worst
 
 
+def incomplete_layers_bytes(modules: dict[str, dict], order: list[str]) -> int:
+    """The largest total size, along the arrival ``order``, of the fused
+    modules that have received some but not all of their parts: what loading
+    straight into materialized parameters holds for incomplete layers (with
+    ``tp_local_modules``, the TP-local size of the incomplete layers)."""
+    owner = {part[0]: name for name, mod in modules.items() for part in mod["parts"]}
+    missing = {name: len(mod["parts"]) for name, mod in modules.items()}
+    held = worst = 0
+    for tensor in order:
+        name = owner[tensor]
+        mod = modules[name]
+        if len(mod["parts"]) < 2:
+            continue
+        if missing[name] == len(mod["parts"]):
+            held += nbytes_of(mod["shape"], mod["dtype"])
+        worst = max(worst, held)
+        missing[name] -= 1
+        if not missing[name]:
+            held -= nbytes_of(mod["shape"], mod["dtype"])
+    return worst
+
+
 def stream_order(files: list[str]) -> list[str]:
     """Tensor names in the order InstantTensor streams them: files sorted by
     name, then by data offset (read from the safetensors headers)."""

@@ -222,7 +222,7 @@ def evaluate_targets(res: dict) -> list[dict]:
     tp_n = res.get("deferred", {}).get("tp", 8)
     for key, bound_key, what in (
         ("series COPY=0", "incomplete_bound_bytes", "incomplete-layer bound"),
-        (f"series COPY=0 tp={tp_n}", "tp_local_bound_bytes", "TP-local incomplete-layer bound"),
+        (f"series COPY=0 tp={tp_n}", "tp_local_bound_bytes", "TP-local size of incomplete layers"),
     ):
         c = de.get(key)
         if c is None:

@@ -485,8 +485,8 @@ def op_layerwise(cmd: dict) -> dict:
 
     ``tp`` (default 1): a tensor-parallel-like run, as rank 0 of ``tp``
     ranks: parameters hold the rank's rows of each fused part and the
-    loaders narrow the checkpoint tensors; the bound on what incomplete
-    layers may hold is then the TP-local one (the whole bound / tp)."""
+    loaders narrow the checkpoint tensors; what incomplete layers may hold
+    is then their TP-local size (``common.incomplete_layers_bytes``)."""
     folder, tp = cmd["dir"], cmd.get("tp", 1)
     info = json.loads((Path(folder) / "checkpoint.json").read_text())
     modules = common.tp_local_modules(info["modules"], tp) if tp > 1 else info["modules"]
@@ -509,6 +509,7 @@ def op_layerwise(cmd: dict) -> dict:
     materialised = 0
     done: set[int] = set()
     extra_alloc = extra_used = extra_held = 0
+    held_peak_after = None  # the tensor after which the most stayed held
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -525,7 +526,9 @@ def op_layerwise(cmd: dict) -> dict:
             extra_alloc = max(extra_alloc, max_allocated() - alloc0 - materialised)
             extra_used = max(extra_used, used_bytes() - used0 - materialised)
             del tensor, param
-            extra_held = max(extra_held, allocated() - alloc0 - materialised)
+            held = allocated() - alloc0 - materialised
+            if held > extra_held:
+                extra_held, held_peak_after = held, name
             reset_peak()
         layerwise.finalize_layerwise_processing(model, None)
         sync()
@@ -553,7 +556,8 @@ def op_layerwise(cmd: dict) -> dict:
         "verified": cmd.get("verify", True),
         "model_bytes": info["model_bytes"],
         "incomplete_bound_bytes": bound,
-        "tp_local_bound_bytes": bound // tp,
+        "tp_local_bound_bytes": common.incomplete_layers_bytes(modules, info["order"]),
+        "held_peak_after": held_peak_after,
         "final_alloc_delta": final_alloc,
         "materialised_bytes": materialised,
         "extra_peak_alloc": extra_alloc,
