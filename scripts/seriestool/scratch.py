@@ -1,7 +1,8 @@
 """Throw-away repositories that read a user's objects and nothing else of theirs.
 
 A scratch repository lives in a temporary folder and borrows the user's
-objects through git's ``objects/info/alternates`` (nothing is copied).  It
+objects through git's ``objects/info/alternates`` (nothing is copied;
+``add_alternate`` lends it another repository's, e.g. a materialised base).  It
 has none of the user's configuration, hooks, ``info/attributes``, replace
 refs or notes: what git produces there (patches, patch IDs, commits) does not
 depend on how the user set up their repository.  The user's repository is
@@ -29,13 +30,26 @@ IDENTITY = {"user.name": "vLLM loader series", "user.email": "series@localhost"}
 
 
 def _borrow_objects(scratch_git_dir: Path, repo: Path) -> None:
+    """Add ``repo``'s objects to the scratch repository's alternates (kept: earlier ones)."""
     source = g.common_dir(repo)
     info = scratch_git_dir / "objects" / "info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "alternates").write_text(f"{source / 'objects'}\n")
+    _add_lines(info / "alternates", [str(source / "objects")])
     shallow = source / "shallow"
     if shallow.exists():  # a shallow clone's history ends there; so must ours
-        (scratch_git_dir / "shallow").write_bytes(shallow.read_bytes())
+        _add_lines(scratch_git_dir / "shallow", shallow.read_text().split())
+
+
+def _add_lines(path: Path, lines: Sequence[str]) -> None:
+    known = path.read_text().splitlines() if path.exists() else []
+    new = [line for line in lines if line not in known]
+    if new:
+        path.write_text("".join(f"{line}\n" for line in [*known, *new]))
+
+
+def add_alternate(scratch: Path, repo: Path) -> None:
+    """Let the scratch repository ``scratch`` read ``repo``'s objects too (nothing is copied)."""
+    _borrow_objects(g.git_dir(scratch), repo)
 
 
 @contextlib.contextmanager
