@@ -10,6 +10,8 @@ BRANCH ?=
 BASE ?=
 CONSOLIDATED ?=
 TO ?=
+FROM ?=
+DRAFT ?=
 PATCHES ?=
 CONTINUE ?=
 ABORT ?=
@@ -23,7 +25,7 @@ ARGS ?=
 # the environment make gives the recipe, so a path with spaces stays one word.
 opt = $(if $($(2)),$(1) "$$$(2)")
 
-.PHONY: venv base apply export check-manifest check rebase restore test test-tooling \
+.PHONY: venv base apply export check-manifest check rebase compare restore test test-tooling \
 	test-series lint device-bundle
 
 venv:
@@ -51,6 +53,15 @@ rebase: $(if $(ABORT),,venv)
 	$(SERIES) rebase $(call opt,--to,TO) $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES) \
 		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(KEEP),--keep-conflict) \
 		$(if $(NOTEST),--skip-tests) $(ARGS)
+
+# Silent recipe: with JSON=1, stdout is the report alone.  No `make venv`: with
+# each version's base cached under work/base (or in VLLM=) compare only reads
+# git objects, so it runs with .venv's Python if there is one, else python3,
+# and never reaches PyPI; a base not cached yet is fetched with .venv's pip.
+compare:
+	@PYTHONPATH=scripts $(if $(wildcard $(PY)),$(PY),python3) -m seriestool compare \
+		$(call opt,--from,FROM) $(call opt,--to,TO) $(call opt,--vllm,VLLM) \
+		$(call opt,--draft,DRAFT) $(if $(JSON),--json) $(ARGS)
 
 # Undo what an interrupted `make apply` left in VLLM= (it prints this command).
 restore:

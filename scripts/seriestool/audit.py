@@ -49,7 +49,6 @@ import argparse
 import bisect
 import dataclasses
 import json
-import re
 import shlex
 import shutil
 import subprocess
@@ -60,7 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, hints, patchset, placement
+from . import check_manifest, hints, patchset, placement, rangediff
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
@@ -82,14 +81,6 @@ FAILING = (CHANGED, MISSING)
 UPSTREAM_REPOSITORIES = {"vllm": "https://github.com/vllm-project/vllm.git"}
 _SERIES_REF = "refs/heads/audit-series"
 _CONSOLIDATED_REF = "refs/heads/audit-consolidated"
-
-# A `git range-diff` pair header, e.g. ` 2:  1e811a7 ! 2:  5240e5d subject`
-# (range-diff.c, output_pair_header).  Body lines of a pair are indented by
-# four spaces; headers carry at most width-1 spaces of padding.
-_PAIR_HEADER = re.compile(
-    r"^ {0,3}(?P<lno>\d+|-+):\s+(?P<lsha>[0-9a-f]+|-+) (?P<st>[=!<>]) "
-    r"\s*(?P<rno>\d+|-+):\s+(?P<rsha>[0-9a-f]+|-+)(?: (?P<subject>.*))?$"
-)
 
 
 # ---------------------------------------------------------------- results
@@ -427,7 +418,7 @@ def _find_combined(
             scratch, "commit-tree", f"{series_commits[last]}^{{tree}}", "-p", parent,
             "-m", f"combined patches {first + 1}..{last + 1}",
         )  # fmt: skip
-    ids = _patch_ids_of_commits(scratch, list(synthetic.values()), pathspecs)
+    ids = patchset.patch_ids_of_commits(scratch, list(synthetic.values()), pathspecs)
     by_id: dict[str, list[str]] = {}
     for commit, pid in unclaimed.items():
         by_id.setdefault(pid, []).append(commit)
@@ -468,18 +459,18 @@ def _pair_with_range_diff(
     old_of = _project(scratch, base, paths, tmp)
     proj_series = g.out(scratch, "rev-parse", _SERIES_REF)
     proj_cons = g.out(scratch, "rev-parse", _CONSOLIDATED_REF)
-    left = sorted(_rev_list(scratch, f"{base}..{proj_series}"))
-    right = sorted(_rev_list(scratch, f"{base}..{proj_cons}"))
+    left = sorted(g.rev_list(scratch, f"{base}..{proj_series}"))
+    right = sorted(g.rev_list(scratch, f"{base}..{proj_cons}"))
     args = ["range-diff", "--no-color"]
     if creation_factor is not None:
         args.append(f"--creation-factor={creation_factor}")
     text = g.out(scratch, *args, f"{base}..{proj_series}", f"{base}..{proj_cons}")
 
     series_index = {c: i for i, c in enumerate(series_commits)}
-    for status, lsha, rsha, body in _parse_range_diff(text):
-        if status not in "=!":
+    for pair in rangediff.parse(text):
+        if pair.status not in "=!":
             continue
-        lnew, rnew = _by_prefix(left, lsha), _by_prefix(right, rsha)
+        lnew, rnew = _by_prefix(left, pair.left_sha), _by_prefix(right, pair.right_sha)
         lold, rold = old_of.get(lnew or "", lnew), old_of.get(rnew or "", rnew)
         if lold not in series_index or rold not in unclaimed or rold not in cons_known:
             continue
@@ -488,31 +479,17 @@ def _pair_with_range_diff(
             continue
         del unclaimed[rold]
         result.status, result.commits = CHANGED, [rold]
-        result.range_diff = body
+        result.range_diff = pair.body
         result.note = (
-            "range-diff below" if body.strip() else "IDs differ; range-diff shows no difference"
+            "range-diff below"
+            if pair.body.strip()
+            else "IDs differ; range-diff shows no difference"
         )
 
 
-def _parse_range_diff(text: str) -> list[tuple[str, str, str, str]]:
-    """(status, left sha, right sha, body) per pair header of range-diff output.
-
-    Only the header lines are interpreted; the body (the diff of the two
-    patches, four-space indented) is kept verbatim for the report.
-    """
-    pairs: list[tuple[str, str, str, list[str]]] = []
-    for line in text.splitlines():
-        match = None if line.startswith("    ") else _PAIR_HEADER.match(line)
-        if match:
-            pairs.append((match["st"], match["lsha"], match["rsha"], []))
-        elif pairs:
-            pairs[-1][3].append(line)
-    return [(st, lsha, rsha, "\n".join(body)) for st, lsha, rsha, body in pairs]
-
-
-def _by_prefix(commits: list[str], prefix: str) -> str | None:
+def _by_prefix(commits: list[str], prefix: str | None) -> str | None:
     """The one commit of sorted ``commits`` that ``prefix`` abbreviates, else None."""
-    if prefix.startswith("-"):
+    if prefix is None:
         return None
     i = bisect.bisect_left(commits, prefix)
     found = [c for c in commits[i : i + 2] if c.startswith(prefix)]
@@ -629,7 +606,7 @@ def _apply_series(scratch: Path, base: str, patch_files: Sequence[Path], images)
             f" series' result cannot be built: {e}. Name the commit the series is based"
             " on with BASE= (--base), or rebase the series"
         ) from None
-    commits = _rev_list(scratch, f"{base}..HEAD")
+    commits = g.rev_list(scratch, f"{base}..HEAD")
     if len(commits) != len(patch_files):
         raise SeriesError(
             f"applying {len(patch_files)} patches made {len(commits)} commits:"
@@ -647,11 +624,6 @@ def _apply_series(scratch: Path, base: str, patch_files: Sequence[Path], images)
                 " the series"
             )
     return commits
-
-
-def _rev_list(repo: Path, rev_range: str) -> list[str]:
-    """Non-merge commits of ``rev_range``, oldest first."""
-    return g.out(repo, "rev-list", "--reverse", "--no-merges", rev_range).split()
 
 
 def _tree_entries(repo: Path, commit: str, paths: list[str]) -> dict[str, dict[str, str]]:
@@ -682,20 +654,6 @@ def _commit_info(
         elif token and current is not None:
             current.append(token)
     return info
-
-
-def _patch_ids_of_commits(repo: Path, commits: list[str], pathspecs: list[str]) -> dict[str, str]:
-    """Stable verbatim patch ID of each given commit, in one pipeline.
-
-    The same ``git log -p`` options as ``patchset.commit_patch_ids``, so the
-    IDs are comparable with it.
-    """
-    log = g.git(
-        repo, "log", "-p", "--no-walk=unsorted", "--stdin", "--no-merges", "--no-color",
-        "--no-ext-diff", "--no-textconv", "--format=commit %H", "--", *pathspecs,
-        input="".join(f"{c}\n" for c in commits), text=False,
-    ).stdout  # fmt: skip
-    return dict(patchset.patch_ids_of_log(repo, log))
 
 
 def filter_repo_command() -> list[str]:

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "check_manifest",
     "audit",
     "rebase",
+    "compare",
     "restore",
     "seriestest",
     "device",

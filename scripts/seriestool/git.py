@@ -197,6 +197,11 @@ def rev(repo: Path, ref: str) -> str | None:
     return proc.stdout.strip() or None
 
 
+def rev_list(repo: Path, rev_range: str) -> list[str]:
+    """Non-merge commits of ``rev_range``, oldest first."""
+    return out(repo, "rev-list", "--reverse", "--no-merges", rev_range).split()
+
+
 def has_object(repo: Path, oid: str) -> bool:
     return git(repo, "cat-file", "-e", oid, check=False).returncode == 0
 

@@ -96,6 +96,25 @@ def patch_ids_of_log(repo: Path, log: bytes) -> list[tuple[str, str]]:
     return [(commit, pid) for pid, commit in (line.split() for line in ids.splitlines())]
 
 
+def patch_ids_of_commits(
+    repo: Path, commits: Sequence[str], pathspecs: Sequence[str] = (), unified: int | None = None
+) -> dict[str, str]:
+    """Stable verbatim patch ID of each given commit, in one pipeline.
+
+    The same ``git log -p`` options as ``commit_patch_ids``, so the IDs are
+    comparable with it.  ``unified=0`` leaves the context lines out: the ID is
+    then that of the change alone, unmoved by edits next to it.  A commit with
+    no diff (on ``pathspecs``) has no entry.
+    """
+    context = [] if unified is None else [f"--unified={unified}"]
+    log = g.git(
+        repo, "log", "-p", *context, "--no-walk=unsorted", "--stdin", "--no-merges", "--no-color",
+        "--no-ext-diff", "--no-textconv", "--format=commit %H", "--", *pathspecs,
+        input="".join(f"{c}\n" for c in commits), text=False,
+    ).stdout  # fmt: skip
+    return dict(patch_ids_of_log(repo, log))
+
+
 def files_touched(repo: Path, patch: Path) -> list[str]:
     """Paths a patch file changes, both sides of renames, as git parses them.
 

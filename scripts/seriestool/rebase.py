@@ -79,10 +79,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import base as base_mod
-from . import check_manifest, hints, interrupts, journal, patchset, placement, seriestest
+from . import check_manifest, hints, interrupts, journal, patchset, placement, rangediff, seriestest
 from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
+from . import scratch as scratch_mod
 from .apply import refuse_unsafe_state
 from .errors import SeriesError
 from .report import table
@@ -332,17 +333,6 @@ def _upstream_commit_of(repo: Path, commit: str) -> str | None:
         (Path(tmp) / "vllm").mkdir()
         (Path(tmp) / "vllm" / "_version.py").write_text(proc.stdout)
         return base_mod.read_upstream_commit(Path(tmp))
-
-
-def _add_alternate(repo: Path, source: Path) -> None:
-    """Let scratch ``repo`` read ``source``'s objects (no copy)."""
-    objects = g.git_dir(source) / "objects"
-    alternates = g.git_dir(repo) / "objects" / "info" / "alternates"
-    alternates.parent.mkdir(parents=True, exist_ok=True)
-    known = alternates.read_text().splitlines() if alternates.exists() else []
-    if str(objects) not in known:
-        with alternates.open("a") as f:
-            f.write(f"{objects}\n")
 
 
 def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> int:
@@ -666,7 +656,7 @@ def _old_base(
             " names no sdist to rebuild it from; pass VLLM= a checkout that contains it"
         )
     repo, commit, _sha = base_mod.materialise_pinned(manifest, pip_args=pip_args, log=log)
-    _add_alternate(scratch, repo)
+    scratch_mod.add_alternate(scratch, repo)
     g.git(scratch, "update-ref", "refs/series/old-base", commit)
     return commit
 
@@ -1088,7 +1078,8 @@ def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
         raise SeriesError(
             "the exported series fails its own manifest check:\n  " + "\n  ".join(found)
         )
-    range_diff = _range_diff(scratch, sess.old_base, sess.old_tip, sess.new_base, new_tip)
+    range_diff = rangediff.range_diff(scratch, sess.old_base, sess.old_tip, sess.new_base,
+                                      new_tip)  # fmt: skip
     sess.save()
 
     if sess.skip_tests:
@@ -1138,28 +1129,6 @@ def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
         sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
     _discard(sess, log)
     return 0
-
-
-def _range_diff(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str) -> str:
-    """``git range-diff old_base..old_tip new_base..new_tip``.
-
-    git refuses an empty range ("need two commit ranges"): when a side is
-    empty (an empty series, or every patch dropped) the other side's commits
-    are listed in range-diff's own notation instead.
-    """
-    if old_tip != old_base and new_tip != new_base:
-        return g.out(repo, "range-diff", "--no-color", f"{old_base}..{old_tip}",
-                     f"{new_base}..{new_tip}")  # fmt: skip
-    lines = []
-    for side, (base, tip) in (("old", (old_base, old_tip)), ("new", (new_base, new_tip))):
-        log = g.out(repo, "log", "--reverse", "--format=%h %s", f"{base}..{tip}")
-        for n, line in enumerate(log.splitlines(), 1):
-            commit, subject = line.split(" ", 1)
-            if side == "old":
-                lines.append(f"{n}:  {commit} < -:  {'-' * len(commit)} {subject}")
-            else:
-                lines.append(f"-:  {'-' * len(commit)} > {n}:  {commit} {subject}")
-    return "\n".join(lines)
 
 
 def _new_manifest(sess: Session, files: list[Path]) -> manifest_mod.Manifest:

@@ -1,7 +1,8 @@
 """Throw-away repositories that read a user's objects and nothing else of theirs.
 
 A scratch repository lives in a temporary folder and borrows the user's
-objects through git's ``objects/info/alternates`` (nothing is copied).  It
+objects through git's ``objects/info/alternates`` (nothing is copied;
+``add_alternate`` lends it another repository's, e.g. a materialised base).  It
 has none of the user's configuration, hooks, ``info/attributes``, replace
 refs or notes: what git produces there (patches, patch IDs, commits) does not
 depend on how the user set up their repository.  The user's repository is
@@ -11,7 +12,8 @@ only read.
   ``log -p``).
 - ``checkout``: a repository with a sparse work tree holding only the given
   paths at a commit, for ``git am`` (a vLLM tree has thousands of files; the
-  series touches a few).
+  series touches a few); ``apply_patches`` applies a series there, one
+  checked commit per patch.
 """
 
 from __future__ import annotations
@@ -23,19 +25,43 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import git as g
+from . import hints, patchset, placement
+from .errors import SeriesError
 
 # Identity of commits made in scratch repositories (apply passes the user's).
 IDENTITY = {"user.name": "vLLM loader series", "user.email": "series@localhost"}
 
+# The committer of commits whose ids a report quotes: with a fixed name and
+# date (the environment's identity otherwise wins), the commits ``git am``
+# makes depend only on the patches and the base.
+REPRODUCIBLE_COMMITTER = {
+    "GIT_COMMITTER_NAME": IDENTITY["user.name"],
+    "GIT_COMMITTER_EMAIL": IDENTITY["user.email"],
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+
 
 def _borrow_objects(scratch_git_dir: Path, repo: Path) -> None:
+    """Add ``repo``'s objects to the scratch repository's alternates (kept: earlier ones)."""
     source = g.common_dir(repo)
     info = scratch_git_dir / "objects" / "info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "alternates").write_text(f"{source / 'objects'}\n")
+    _add_lines(info / "alternates", [str(source / "objects")])
     shallow = source / "shallow"
     if shallow.exists():  # a shallow clone's history ends there; so must ours
-        (scratch_git_dir / "shallow").write_bytes(shallow.read_bytes())
+        _add_lines(scratch_git_dir / "shallow", shallow.read_text().split())
+
+
+def _add_lines(path: Path, lines: Sequence[str]) -> None:
+    known = path.read_text().splitlines() if path.exists() else []
+    new = [line for line in lines if line not in known]
+    if new:
+        path.write_text("".join(f"{line}\n" for line in [*known, *new]))
+
+
+def add_alternate(scratch: Path, repo: Path) -> None:
+    """Let the scratch repository ``scratch`` read ``repo``'s objects too (nothing is copied)."""
+    _borrow_objects(g.git_dir(scratch), repo)
 
 
 @contextlib.contextmanager
@@ -78,3 +104,48 @@ def sparse_pattern(path: str) -> str:
     if escaped.endswith(" "):
         escaped = escaped[:-1] + "\\ "
     return "/" + escaped
+
+
+def apply_patches(
+    checkout: Path,
+    patch_files: Sequence[Path],
+    images: Sequence[patchset.Image],
+    ours: str,
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """``git am --3way`` each patch onto HEAD of scratch ``checkout``: one commit per patch.
+
+    Each commit is checked against the patch's recorded pre- and postimages
+    (``placement``; ``images``: ``patchset.images`` of the patches).  ``ours``
+    names HEAD in the messages (e.g. "its pinned base"); ``env``: the
+    committer, e.g. ``REPRODUCIBLE_COMMITTER``.
+
+    Returns:
+        The commits, in patch order.
+
+    Raises:
+        SeriesError: a patch does not apply, made no commit, or does not give
+            its recorded result; the message names the patch.
+    """
+    commits: list[str] = []
+    before = g.out(checkout, "rev-parse", "HEAD")
+    for path, image in zip(patch_files, images, strict=True):
+        try:
+            patchset.am(checkout, [path], env=env)
+        except SeriesError as e:
+            raise SeriesError(f"patch {path.name} does not apply on {ours}: {e}") from None
+        after = g.out(checkout, "rev-parse", "HEAD")
+        if after == before:
+            raise SeriesError(
+                f"patch {path.name} made no commit on {ours}: an empty patch?"
+                f" run `{hints.make('check-manifest')}`"
+            )
+        disagree = placement.check(checkout, before, after, image, ours=ours)
+        if disagree:
+            raise SeriesError(
+                f"patch {path.name} does not give its recorded result on {ours}:\n  "
+                + "\n  ".join(disagree)
+            )
+        commits.append(after)
+        before = after
+    return commits

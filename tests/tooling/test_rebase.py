@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Repo, snapshot, write_sdist
 from seriestool import base as base_mod
-from seriestool import check_manifest, patchset, seriestest
+from seriestool import check_manifest, patchset, rangediff, seriestest
 from seriestool import export as export_mod
 from seriestool import manifest as manifest_mod
 from seriestool import rebase as rebase_mod
@@ -764,10 +764,10 @@ def test_range_diff_with_an_empty_side_lists_the_other(series):
     repo.git("checkout", "-q", "-b", "applied")
     repo.git("am", "-q", "--keep-non-patch", *[str(p) for p in sorted(patch_dir.glob("*.patch"))])
     tip = repo.head()
-    text = rebase_mod._range_diff(repo.path, base, tip, base, base)
+    text = rangediff.range_diff(repo.path, base, tip, base, base)
     assert text.splitlines()[0].startswith("1:  ") and " < -:  ---" in text
     assert text.splitlines()[2].endswith("[Loader] third change")
-    text = rebase_mod._range_diff(repo.path, base, base, base, tip)
+    text = rangediff.range_diff(repo.path, base, base, base, tip)
     assert text.splitlines()[1].startswith("-:  ") and " > 2:  " in text
 
 

@@ -1,0 +1,633 @@
+"""``compare``: what changed from one version of the series to another.
+
+``compare --from <version or commit> [--to <version or commit>]`` finds both
+states of ``patches/`` (``versions``; ``--to`` defaults to the working tree),
+applies each onto the base its own manifest pins (found in ``--vllm``, else
+the base materialised from the sdist, cached under ``work/base``) in one
+scratch checkout (``scratch``: it reads the bases' objects in place, holds
+only the files the patches touch, and checks every patch's result against its
+recorded images), and reports ``git range-diff`` between the two applied
+ranges.  Patches are paired as range-diff pairs them; an old and a new patch
+that range-diff leaves unpaired but that carry the same subject are paired by
+subject, with their own range-diff.
+
+Each pair is then classified from git's facts alone:
+
+- ``unchanged`` (``=``), ``new`` (``>``), ``dropped`` (``<``);
+- ``reordered``: its place among the paired patches changed (the fewest
+  patches that explain the new order: those outside the longest run kept in
+  order);
+- for a changed pair (``!``), the change of each file is compared without its
+  context lines (``git patch-id --verbatim`` of ``-U0`` diffs):
+  ``reworded`` when no file's change differs but the message or author does,
+  ``test only`` when only files under ``tests/`` differ, ``contract changed``
+  when any other file does, ``context only`` when nothing but the lines
+  around the change moved;
+- ``split``: two or more new patches carry one old patch's content: its
+  range-diff partner, if any, and new patches most of whose added lines (by
+  length) were added by that old patch.
+
+The draft "Changes in vN" section for SERIES.md is rendered by ``changelog``.
+Output is the same on every machine: every git call is hermetic (``git``: no
+user or system configuration, no hooks, output settings pinned) and the
+scratch commits get a fixed committer and date
+(``scratch.REPRODUCIBLE_COMMITTER``), so the commit ids in the range-diff
+depend only on the patches and the bases.  The user's repository is only
+read; the scratch checkout is removed afterwards.
+
+Exit status: 0 when the comparison was made (whatever it found); 2 when it
+could not be made (unknown version, a patch that does not apply, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import base as base_mod
+from . import changelog, hints, patchset, rangediff, versions
+from . import git as g
+from . import manifest as manifest_mod
+from . import scratch as scratch_mod
+from .changelog import (
+    CONTEXT_ONLY,
+    CONTRACT_CHANGED,
+    DROPPED,
+    NEW,
+    REORDERED,
+    REWORDED,
+    SPLIT,
+    TEST_ONLY,
+    UNCHANGED,
+)
+from .errors import SeriesError
+from .report import table
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+
+TESTS_DIR = "tests/"
+# A new patch comes from an old one when at least this share of its added
+# text (by length, so short boilerplate lines weigh little) was added by it.
+SPLIT_SHARE = 0.6
+# Pairs two patches whatever their difference: range-diff's cost of leaving
+# both unpaired is this percentage of their sizes, and their diff is never
+# larger than the two together.
+_FORCE_PAIR = 1000
+
+Log = Callable[[str], object]
+
+
+@dataclasses.dataclass
+class Patch:
+    """A patch of one side, as applied in the scratch repository."""
+
+    number: int  # 1-based position in its series
+    file: str
+    subject: str
+    commit: str
+
+    @property
+    def tag(self) -> str:
+        """``0003``: the file's number (its position if the name has none)."""
+        prefix = self.file.split("-", 1)[0]
+        return prefix if prefix.isdigit() else f"{self.number:04d}"
+
+
+@dataclasses.dataclass
+class Change:
+    """One range-diff pair and what it means for the changelog."""
+
+    status: str  # "=", "!", "<", ">"
+    old: Patch | None
+    new: Patch | None
+    paired_by: str = ""  # "range-diff", "subject" or "" (unpaired)
+    range_diff: str = ""  # the pair's range-diff body, for "!"
+    kinds: list[str] = dataclasses.field(default_factory=list)
+    code_paths: list[str] = dataclasses.field(default_factory=list)
+    test_paths: list[str] = dataclasses.field(default_factory=list)
+    message_changed: bool = False
+    author_changed: bool = False
+    moved: bool = False
+    from_old: Patch | None = None  # a new patch: the old one most of its lines come from
+    pieces: list[Patch] = dataclasses.field(default_factory=list)  # split: the new patches
+
+    def to_dict(self) -> dict:
+        def patch(p: Patch | None) -> dict | None:
+            return None if p is None else dataclasses.asdict(p) | {"tag": p.tag}
+
+        return {
+            "status": self.status,
+            "old": patch(self.old),
+            "new": patch(self.new),
+            "paired_by": self.paired_by or None,
+            "kinds": self.kinds,
+            "code_paths": self.code_paths,
+            "test_paths": self.test_paths,
+            "message_changed": self.message_changed,
+            "author_changed": self.author_changed,
+            "from_old": patch(self.from_old),
+            "split_into": [p.tag for p in self.pieces],
+            "range_diff": self.range_diff if self.status == "!" else None,
+        }
+
+
+@dataclasses.dataclass
+class Side:
+    """One version of the series, applied."""
+
+    state: versions.SeriesVersion
+    manifest: manifest_mod.Manifest
+    base: str | None  # None: an empty series needs no base
+    patches: list[Patch]
+
+    def to_dict(self, changes: Sequence[Change], old: bool) -> dict:
+        """This side's patches, each with its pair's status and kinds."""
+        by_number = {}
+        for c in changes:
+            mine = c.old if old else c.new
+            if mine is not None:
+                by_number[mine.number] = c
+        b = self.manifest.base
+        return {
+            "spec": self.state.spec or None,
+            "label": self.state.label,
+            "version": self.state.version,
+            "commit": self.state.commit,
+            "base": {"project": b.project, "version": b.version, "commit": self.base},
+            "patches": [
+                {
+                    "number": p.number,
+                    "tag": p.tag,
+                    "file": p.file,
+                    "subject": p.subject,
+                    "status": by_number[p.number].status,
+                    "kinds": by_number[p.number].kinds,
+                    "paired_with": _other(by_number[p.number], old),
+                }
+                for p in self.patches
+            ],
+        }
+
+
+def _other(change: Change, old: bool) -> str | None:
+    other = change.new if old else change.old
+    return None if other is None else other.tag
+
+
+@dataclasses.dataclass
+class Comparison:
+    old: Side
+    new: Side
+    range_diff: str
+    changes: list[Change]
+
+    @property
+    def notes(self) -> list[str]:
+        if self.old.state.version != self.new.state.version:
+            return []
+        return [
+            f'both sides record version {self.new.state.version}: set "series": {{"version":'
+            f" ...}} in {versions.PATCH_DIR}/{versions.MANIFEST} when cutting the next version"
+        ]
+
+    def draft(self) -> str:
+        return changelog.draft(self)
+
+    def to_dict(self) -> dict:
+        return {
+            "from": self.old.to_dict(self.changes, old=True),
+            "to": self.new.to_dict(self.changes, old=False),
+            "pairs": [c.to_dict() for c in self.changes],
+            "summary": dict(_summary(self.changes)),
+            "range_diff": self.range_diff,
+            "notes": self.notes,
+            "draft": self.draft(),
+        }
+
+    def to_text(self, draft_path: Path | None = None) -> str:
+        return _render_text(self, draft_path)
+
+
+# ---------------------------------------------------------------- compare
+
+
+def compare(
+    repo: Path,
+    from_spec: str,
+    to_spec: str | None = None,
+    vllm: Path | None = None,
+    log: Log = lambda line: print(line, file=sys.stderr),
+) -> Comparison:
+    """Compare the series at ``from_spec`` with ``to_spec`` (None: the working tree).
+
+    Raises:
+        SeriesError: a version or commit that does not exist, a manifest
+            listing a missing patch, a base that cannot be found or
+            materialised, or a patch that does not apply to its base.
+    """
+    if not g.is_repo(Path(repo)):
+        raise SeriesError(f"{repo} is not a git checkout: --repo must name the series repository")
+    repo = g.toplevel(Path(repo))
+    old_state = versions.resolve(repo, from_spec)
+    new_state = versions.resolve(repo, to_spec)
+    with tempfile.TemporaryDirectory(prefix="seriestool-compare-") as tmp:
+        return _compare_in(Path(tmp), repo, old_state, new_state, vllm, log)
+
+
+def _compare_in(
+    tmp: Path,
+    repo: Path,
+    old_state: versions.SeriesVersion,
+    new_state: versions.SeriesVersion,
+    vllm: Path | None,
+    log: Log,
+) -> Comparison:
+    old_manifest = versions.write_patches(repo, old_state, tmp / "from")
+    new_manifest = versions.write_patches(repo, new_state, tmp / "to")
+    old_files = old_manifest.patch_paths(tmp / "from")
+    new_files = new_manifest.patch_paths(tmp / "to")
+    images, touched = patchset.images_and_paths(old_files + new_files)
+    paths = sorted({p for each in touched for p in each})
+    split = len(old_files)
+
+    scratch: Path | None = None
+    sides = []
+    for state, manifest, files, side_images in (
+        (old_state, old_manifest, old_files, images[:split]),
+        (new_state, new_manifest, new_files, images[split:]),
+    ):
+        base: str | None = None
+        commits: list[str] = []
+        if files:  # an empty series needs no base
+            source, base = _base_commit(state, manifest, vllm, log)
+            if scratch is None:
+                scratch = scratch_mod.make_checkout(source, tmp / "scratch", base, paths)
+            else:
+                scratch_mod.add_alternate(scratch, source)
+                g.git(scratch, "checkout", "-q", "--detach", base)
+            b = manifest.base
+            ours = f"its pinned base {b.project} {b.version} ({base[:12]})"
+            try:
+                commits = scratch_mod.apply_patches(
+                    scratch, files, side_images, ours, env=scratch_mod.REPRODUCIBLE_COMMITTER
+                )
+            except SeriesError as e:
+                raise SeriesError(f"{state.label}: {e}") from None
+        patches = [
+            Patch(n, f.name, patchset.subject_of_file(f), c)
+            for n, (f, c) in enumerate(zip(files, commits, strict=True), 1)
+        ]
+        sides.append(Side(state, manifest, base, patches))
+    old, new = sides
+    if scratch is None:  # both series are empty
+        return Comparison(old, new, "", [])
+
+    text = _range_diff(scratch, old, new)
+    changes = _pair(scratch, old, new, text)
+    _mark_moved(changes)
+    for change in changes:
+        if change.status == "!":
+            _compare_pair(scratch, change)
+    _find_splits(scratch, changes)
+    for change in changes:
+        change.kinds = _kinds(change)
+    return Comparison(old, new, text, changes)
+
+
+def _base_commit(
+    state: versions.SeriesVersion,
+    manifest: manifest_mod.Manifest,
+    vllm: Path | None,
+    log: Log,
+) -> tuple[Path, str]:
+    """The repository holding the manifest's base commit, and that commit.
+
+    Taken from ``vllm`` when it holds the commit, else the base materialised
+    from the sdist the manifest pins: cached under ``work/base`` (then read,
+    nothing fetched), or fetched with pip and cached.
+
+    Raises:
+        SeriesError: ``vllm`` is not a repository, or the base is neither
+            there nor cached and cannot be materialised.
+    """
+    b = manifest.base
+    if vllm is not None:
+        if g.git(vllm, "rev-parse", "--git-dir", check=False).returncode != 0:
+            raise SeriesError(f"--vllm {vllm} is not a git repository")
+        found = g.rev(vllm, b.commit) if b.commit else None
+        if found:
+            return vllm, found
+    cached = base_mod.base_repo_path(b.project, b.version)
+    was_cached = cached.exists()
+    try:
+        repo, commit, _sha = base_mod.materialise_pinned(manifest, log=log)
+    except SeriesError as e:
+        how = (
+            ""
+            if was_cached
+            else f"\nIt is not cached in {cached}: run `{hints.make('venv')}` (its pip fetches"
+            " the sdist) and try again, or name a repository that holds the base commit with"
+            " VLLM= (--vllm)"
+        )
+        raise SeriesError(
+            f"{state.label} pins the base {b.project} {b.version}"
+            f" (commit {b.commit[:12] or 'not recorded'}), which could not be materialised:"
+            f" {e}{how}"
+        ) from None
+    return repo, commit
+
+
+def _range_diff(scratch: Path, old: Side, new: Side) -> str:
+    """range-diff of the two applied ranges; an empty side is an empty range."""
+    old_base = old.base or new.base
+    new_base = new.base or old.base
+    assert old_base is not None and new_base is not None
+    old_tip = old.patches[-1].commit if old.patches else old_base
+    new_tip = new.patches[-1].commit if new.patches else new_base
+    return rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
+
+
+# ---------------------------------------------------------------- pairing
+
+
+def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
+    """range-diff's pairs, then unpaired patches of equal subject paired by subject."""
+    changes = []
+    for pair in rangediff.parse(text):
+        o = old.patches[pair.left - 1] if pair.left else None
+        n = new.patches[pair.right - 1] if pair.right else None
+        paired_by = "range-diff" if o and n else ""
+        changes.append(Change(pair.status, o, n, paired_by, pair.body))
+    dropped = [c for c in changes if c.status == "<"]
+    for added in [c for c in changes if c.status == ">"]:
+        match = next((c for c in dropped if _same_subject(c.old, added.new)), None)
+        if match is None:
+            continue
+        dropped.remove(match)
+        changes.remove(match)
+        o, n = match.old, added.new
+        assert o is not None and n is not None
+        forced = rangediff.range_diff(scratch, f"{o.commit}^", o.commit, f"{n.commit}^",
+                                      n.commit, creation_factor=_FORCE_PAIR)  # fmt: skip
+        body = next((p.body for p in rangediff.parse(forced) if p.status in "=!"), forced)
+        added.status, added.old, added.paired_by, added.range_diff = "!", o, "subject", body
+    return changes
+
+
+def _same_subject(a: Patch | None, b: Patch | None) -> bool:
+    return a is not None and b is not None and a.subject.split() == b.subject.split()
+
+
+def _mark_moved(changes: list[Change]) -> None:
+    """Mark paired patches outside the longest run that kept its order.
+
+    Numbers shift when patches are added or dropped; only the relative order
+    of paired patches says whether one moved.
+    """
+    paired = sorted((c for c in changes if c.old and c.new), key=lambda c: c.old.number)
+    sequence = [c.new.number for c in paired]
+    # Longest increasing subsequence, O(n^2): series have tens of patches.
+    length = [1] * len(sequence)
+    before = [-1] * len(sequence)
+    for i in range(len(sequence)):
+        for j in range(i):
+            if sequence[j] < sequence[i] and length[j] + 1 > length[i]:
+                length[i], before[i] = length[j] + 1, j
+    kept = set()
+    i = max(range(len(sequence)), key=lambda k: (length[k], k), default=-1)
+    while i != -1:
+        kept.add(i)
+        i = before[i]
+    for k, change in enumerate(paired):
+        change.moved = k not in kept
+
+
+# ---------------------------------------------------------------- what changed
+
+
+def _compare_pair(scratch: Path, change: Change) -> None:
+    """Which files' changes differ (without context lines), and the message."""
+    o, n = change.old, change.new
+    assert o is not None and n is not None
+    paths = sorted(set(_paths_of(scratch, o.commit)) | set(_paths_of(scratch, n.commit)))
+    differ = []
+    for path in paths:
+        ids = patchset.patch_ids_of_commits(scratch, [o.commit, n.commit],
+                                            [f":(literal){path}"], unified=0)  # fmt: skip
+        if ids.get(o.commit) != ids.get(n.commit):
+            differ.append(path)
+    change.test_paths = [p for p in differ if p.startswith(TESTS_DIR)]
+    change.code_paths = [p for p in differ if not p.startswith(TESTS_DIR)]
+    message = {c: g.out(scratch, "log", "-1", "--format=%an <%ae>%x00%B", c) for c in
+               (o.commit, n.commit)}  # fmt: skip
+    old_author, old_body = message[o.commit].split("\0", 1)
+    new_author, new_body = message[n.commit].split("\0", 1)
+    change.author_changed = old_author != new_author
+    change.message_changed = old_body != new_body
+
+
+def _paths_of(scratch: Path, commit: str) -> list[str]:
+    """Paths ``commit`` changes (both sides of a rename)."""
+    raw = g.out(scratch, "diff-tree", "--no-commit-id", "--name-only", "-r", "-z",
+                "--no-renames", commit)  # fmt: skip
+    return [p for p in raw.split("\0") if p]
+
+
+def _added_text(scratch: Path, commit: str) -> collections.Counter[str]:
+    """The lines ``commit`` adds (stripped; those with a letter or digit), counted."""
+    diff = g.out(scratch, "diff-tree", "-p", "--unified=0", "--no-commit-id", "--no-color",
+                 "--no-ext-diff", "--no-textconv", "--no-renames", commit)  # fmt: skip
+    lines: collections.Counter[str] = collections.Counter()
+    in_hunk = False
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            in_hunk = False
+        elif line.startswith("@@"):
+            in_hunk = True
+        elif in_hunk and line.startswith("+"):
+            text = line[1:].strip()
+            if any(ch.isalnum() for ch in text):
+                lines[text] += 1
+    return lines
+
+
+def _find_splits(scratch: Path, changes: list[Change]) -> None:
+    """Give each new patch the old one it takes most lines from; mark splits.
+
+    Candidates are the old patches that lost content: dropped or changed.
+    An old patch whose content is now in two or more new patches (its
+    range-diff partner and the new patches taken from it) was split.
+    """
+    donors = [c.old for c in changes if c.old and c.status in "<!"]
+    added = [c for c in changes if c.status == ">"]
+    if not donors or not added:
+        return
+    donor_lines = {p.number: _added_text(scratch, p.commit) for p in donors}
+    for change in added:
+        assert change.new is not None
+        lines = _added_text(scratch, change.new.commit)
+        total = sum(len(text) * n for text, n in lines.items())
+        best, best_share = None, 0.0
+        for donor in donors:
+            shared = lines & donor_lines[donor.number]
+            share = sum(len(text) * n for text, n in shared.items()) / total if total else 0.0
+            if share > best_share:
+                best, best_share = donor, share
+        if best is not None and best_share >= SPLIT_SHARE:
+            change.from_old = best
+    for donor in donors:
+        own = next(c for c in changes if c.old is donor)
+        pieces = [c.new for c in changes if c.from_old is donor]
+        if own.new is not None:
+            pieces.insert(0, own.new)
+        if len(pieces) >= 2:
+            pieces.sort(key=lambda p: p.number)
+            for c in changes:
+                if c is own or c.from_old is donor:
+                    c.pieces = pieces
+
+
+def _kinds(change: Change) -> list[str]:
+    if change.pieces:
+        return [SPLIT]
+    if change.status == "<":
+        return [DROPPED]
+    if change.status == ">":
+        return [NEW]
+    kinds = []
+    if change.status == "!":
+        if change.code_paths:
+            kinds.append(CONTRACT_CHANGED)
+        elif change.test_paths:
+            kinds.append(TEST_ONLY)
+        elif change.message_changed or change.author_changed:
+            kinds.append(REWORDED)
+        else:
+            kinds.append(CONTEXT_ONLY)
+    if change.moved:
+        kinds.append(REORDERED)
+    return kinds or [UNCHANGED]
+
+
+def _summary(changes: Sequence[Change]) -> collections.Counter[str]:
+    return collections.Counter(kind for c in changes for kind in c.kinds)
+
+
+# ---------------------------------------------------------------- output
+
+
+def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
+    old, new = comparison.old, comparison.new
+    lines = [f"Series {old.state.label} -> {new.state.label}", _bases_line(old, new)]
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(_summary(comparison.changes).items()))
+    lines.append(f"{len(old.patches)} patches -> {len(new.patches)} patches: {summary or '-'}")
+    lines += [f"note: {note}" for note in comparison.notes]
+    rows = []
+    for c in comparison.changes:
+        subject = (c.new or c.old).subject
+        subject = subject if len(subject) <= 60 else subject[:57] + "..."
+        rows.append([c.old.tag if c.old else "-", c.status, c.new.tag if c.new else "-",
+                     ", ".join(c.kinds), subject])  # fmt: skip
+    lines.append("")
+    if rows:
+        lines += table((f"from v{old.state.version}", "", f"to v{new.state.version}", "change",
+                        "subject"), rows, rule=False).splitlines()  # fmt: skip
+    else:
+        lines.append("(both series are empty)")
+    lines += ["", f"git range-diff {old.state.label} -> {new.state.label}:",
+              comparison.range_diff or "(empty)"]  # fmt: skip
+    for c in comparison.changes:
+        if c.paired_by == "subject":
+            assert c.old is not None and c.new is not None
+            lines += ["", "paired by subject (range-diff left them unpaired):"
+                      f" v{old.state.version} {c.old.tag} -> v{new.state.version} {c.new.tag}",
+                      c.range_diff]  # fmt: skip
+    lines.append("")
+    if draft_path is not None:
+        lines.append(f"Draft of the changelog section written to {draft_path}")
+    else:
+        lines += ["Draft for SERIES.md (what git shows; edit it, and add the why):", "",
+                  comparison.draft().rstrip("\n")]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _bases_line(old: Side, new: Side) -> str:
+    def describe(side: Side) -> str:
+        b = side.manifest.base
+        return f"{b.project} {b.version} ({(side.base or b.commit)[:12]})"
+
+    if describe(old) == describe(new):
+        return f"Base: {describe(new)} on both sides"
+    return f"Base: {describe(old)} -> {describe(new)}"
+
+
+# ---------------------------------------------------------------- command
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``compare`` command: print the report; 0, or 2 when it could not run."""
+    try:
+        comparison = compare(
+            repo=args.repo or manifest_mod.ROOT,
+            from_spec=args.from_spec,
+            to_spec=args.to_spec,
+            vllm=args.vllm,
+        )
+        if args.draft:
+            args.draft.write_text(comparison.draft())
+    except (SeriesError, OSError) as e:
+        raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
+    if args.json:
+        print(json.dumps(comparison.to_dict(), indent=2))
+    else:
+        print(comparison.to_text(args.draft))
+    return EXIT_OK
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        help="range-diff two versions of the series and draft their changelog",
+        description=(
+            "Apply two versions of the series (states of patches/ in this repository's"
+            " history, or the working tree) onto their pinned bases in a scratch"
+            " repository, print their git range-diff, classify every patch and draft the"
+            " 'Changes in vN' section of SERIES.md. Exit 0; 2 when it could not run."
+        ),
+    )
+    p.add_argument(
+        "--from",
+        dest="from_spec",
+        required=True,
+        metavar="VERSION|COMMIT",
+        help="the older side: a series version (newest commit whose patches/series.json"
+        " records it) or a commit-ish",
+    )
+    p.add_argument(
+        "--to",
+        dest="to_spec",
+        metavar="VERSION|COMMIT",
+        help="the newer side (default: the working tree's patches/)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--draft", type=Path, metavar="FILE", help="write the changelog draft to FILE")
+    p.add_argument(
+        "--vllm",
+        type=Path,
+        metavar="PATH",
+        help="a checkout holding the bases (default: materialise each from its sdist)",
+    )
+    p.add_argument(
+        "--repo",
+        type=Path,
+        metavar="DIR",
+        help="repository whose history holds the versions (default: this one)",
+    )
+    p.set_defaults(func=run)

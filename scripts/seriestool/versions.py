@@ -1,0 +1,152 @@
+"""Series versions: states of ``patches/`` in this repository's history.
+
+``patches/series.json`` records the version (``"series": {"version": "2"}``).
+Version N is the newest commit, walking back from HEAD through the commits
+that change ``patches/``, whose manifest says N: the last state of the series
+while it was N, with no tag needed.  A commit-ish names one state directly,
+and the working tree's ``patches/`` is a state too.
+
+Everything is read from git objects (``cat-file``, ``rev-list``): the
+repository's checkout, index and refs are never written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import git as g
+from . import manifest as manifest_mod
+from .errors import SeriesError
+
+PATCH_DIR = manifest_mod.PATCH_DIR.relative_to(manifest_mod.ROOT).as_posix()
+MANIFEST = manifest_mod.MANIFEST_PATH.name
+# "2", "v2", "2.1": a version; anything else is read as a commit-ish.
+_VERSION_SPEC = re.compile(r"^v?(\d+(?:\.\d+)*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesVersion:
+    """One state of the series: a commit's ``patches/``, or the working tree's."""
+
+    spec: str  # as the user gave it ("1", a commit-ish, or "" for the working tree)
+    version: str  # what its manifest records
+    commit: str | None  # None: the working tree
+
+    @property
+    def label(self) -> str:
+        where = "working tree" if self.commit is None else f"commit {self.commit[:12]}"
+        return f"v{self.version} ({where})"
+
+
+def history(repo: Path) -> Iterator[tuple[str, str | None]]:
+    """``(commit, version)`` of each commit changing ``patches/``, newest first.
+
+    ``version`` is None where the commit's manifest is missing or records none.
+    """
+    if g.rev(repo, "HEAD") is None:
+        return
+    for commit in g.out(repo, "rev-list", "--topo-order", "HEAD", "--", PATCH_DIR).split():
+        yield commit, _recorded_version(repo, commit)
+
+
+def _recorded_version(repo: Path, commit: str) -> str | None:
+    text = _blob(repo, commit, f"{PATCH_DIR}/{MANIFEST}")
+    if text is None:
+        return None
+    try:
+        version = json.loads(text)["series"]["version"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if version is None else str(version)
+
+
+def _blob(repo: Path, commit: str, path: str, text: bool = True) -> str | bytes | None:
+    """Content of ``path`` in ``commit``, byte for byte; None when it has no such file."""
+    proc = g.git(repo, "cat-file", "blob", f"{commit}:{path}", check=False, text=text)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def known_versions(repo: Path) -> dict[str, str]:
+    """Each version found in the history and its newest commit."""
+    found: dict[str, str] = {}
+    for commit, version in history(repo):
+        if version is not None:
+            found.setdefault(version, commit)
+    return found
+
+
+def resolve(repo: Path, spec: str | None) -> SeriesVersion:
+    """The series state ``spec`` names: a version, a commit-ish, or (None) the working tree.
+
+    Raises:
+        SeriesError: ``spec`` is neither a version of the history nor a
+            commit, or the commit holds no manifest; the message lists the
+            versions that exist.
+    """
+    if spec is None:
+        manifest = manifest_mod.load(repo / PATCH_DIR / MANIFEST)
+        return SeriesVersion(spec="", version=manifest.version, commit=None)
+    match = _VERSION_SPEC.match(spec)
+    if match:
+        wanted = match.group(1)
+        for commit, version in history(repo):
+            if version == wanted:
+                return SeriesVersion(spec=spec, version=wanted, commit=commit)
+    commit = g.rev(repo, spec)
+    if commit is None:
+        what = (
+            f"no series version {match.group(1)} in the history of {repo}"
+            if match
+            else f"{spec!r} is neither a series version nor a commit of {repo}"
+        )
+        raise SeriesError(f"{what}; {_what_exists(repo)}")
+    version = _recorded_version(repo, commit)
+    if version is None:
+        raise SeriesError(
+            f"commit {commit[:12]} ({spec}) has no readable {PATCH_DIR}/{MANIFEST}"
+            f" with a series version; {_what_exists(repo)}"
+        )
+    return SeriesVersion(spec=spec, version=version, commit=commit)
+
+
+def _what_exists(repo: Path) -> str:
+    found = known_versions(repo)
+    if not found:
+        return f"no commit of its history has a {PATCH_DIR}/{MANIFEST} with a series version"
+    listed = ", ".join(f"{v} (commit {c[:12]})" for v, c in found.items())
+    return f"versions in its history, newest first: {listed}; or pass a commit"
+
+
+def write_patches(repo: Path, state: SeriesVersion, dest: Path) -> manifest_mod.Manifest:
+    """Write ``state``'s manifest and the patch files it lists into ``dest``.
+
+    Files come from git objects byte for byte (the working tree for the
+    working-tree state); ``dest`` must not exist.
+
+    Raises:
+        SeriesError: a listed patch file is missing.
+    """
+    dest.mkdir(parents=True)
+    if state.commit is None:
+        source = repo / PATCH_DIR
+        shutil.copyfile(source / MANIFEST, dest / MANIFEST)
+    else:
+        (dest / MANIFEST).write_bytes(_blob(repo, state.commit, f"{PATCH_DIR}/{MANIFEST}",
+                                            text=False))  # fmt: skip
+    manifest = manifest_mod.load(dest / MANIFEST)
+    for entry in manifest.patches:
+        if state.commit is None:
+            data = (source / entry.file).read_bytes() if (source / entry.file).is_file() else None
+        else:
+            data = _blob(repo, state.commit, f"{PATCH_DIR}/{entry.file}", text=False)
+        if data is None:
+            raise SeriesError(
+                f"{state.label}: {PATCH_DIR}/{MANIFEST} lists {entry.file}, which is missing"
+            )
+        (dest / entry.file).write_bytes(data)
+    return manifest
