@@ -3,8 +3,10 @@
 Fails, naming the patch, when a patch file's bytes are not the recorded ones
 (sha256: a changed author, message or hunk line number counts, which the
 stable patch ID ignores), when its stable patch ID or subject is not the
-recorded one, when a file is listed but missing or present but unlisted, or
-when the recorded touched files are not the files the patches touch.
+recorded one, when a file is listed but missing or present but unlisted,
+when the recorded touched files are not the files the patches touch, or when
+``"series"."previous"`` names a subject that is none of the patches' (a
+manifest read from disk is refused for that already, naming the subject).
 
 Runs with the system Python alone (``make check-manifest`` needs no .venv).
 """
@@ -22,7 +24,7 @@ def problems(
     manifest: manifest_mod.Manifest, patch_dir: Path = manifest_mod.PATCH_DIR
 ) -> list[str]:
     """Every disagreement between ``patch_dir`` and ``manifest`` (empty: consistent)."""
-    found = []
+    found = manifest_mod.previous_problems(manifest)
     listed = [p.file for p in manifest.patches]
     on_disk = sorted(p.name for p in patch_dir.glob("*.patch"))
     for name in sorted(set(on_disk) - set(listed)):

@@ -15,7 +15,9 @@ every other file), the subject prefix, file-name length and suffix, no
 From/To/Cc/extra headers, attachments, sign-off, base info or notes, and no
 diff order file.  Export also refreshes the manifest: the patch list,
 subjects, stable patch IDs, the sha256 of each file and the base blob id of
-every touched file.
+every touched file.  The rest is kept as it was, ``"series"."previous"``
+included, but for its entries whose patch is gone (no patch has that subject
+any more): those are dropped, with a note.
 
 Refusals, each changing nothing: an empty range (it would delete the series),
 a merge in the range, uncommitted changes under ``patches/`` (they would be
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from . import git as g
@@ -101,9 +104,17 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
 
 
 def refresh_manifest(
-    manifest: manifest_mod.Manifest, repo: Path, base: str, patch_files: list[Path]
+    manifest: manifest_mod.Manifest,
+    repo: Path,
+    base: str,
+    patch_files: list[Path],
+    log: Callable[[str], object] = print,
 ) -> manifest_mod.Manifest:
-    """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``."""
+    """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``.
+
+    ``previous`` is carried over as it is, but for entries whose subject no
+    patch has any more: those are dropped, each with a note to ``log``.
+    """
     manifest.patches = [
         manifest_mod.PatchEntry(
             file=p.name,
@@ -115,6 +126,11 @@ def refresh_manifest(
     ]
     touched = sorted({path for p in patch_files for path in patchset.files_touched(repo, p)})
     manifest.base.touched_files = g.blob_ids(repo, base, touched)
+    for subject in manifest.prune_previous():
+        log(
+            f'note: dropped "previous" entry {subject!r} from the manifest: no patch has that'
+            " subject any more (if it was renamed, record it again under its new subject)"
+        )
     return manifest
 
 
@@ -170,7 +186,7 @@ def _export(repo, manifest, branch, base, patch_dir, manifest_path, log) -> list
     _refuse_uncommitted_patches(patch_dir)
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         files = format_patches(repo, base_commit, branch, Path(tmp))
-        refresh_manifest(manifest, repo, base_commit, files)
+        refresh_manifest(manifest, repo, base_commit, files, log)
         interrupts.check()  # from here on, the write runs to its end
         patch_dir.mkdir(parents=True, exist_ok=True)
         for old in patch_dir.glob("*.patch"):

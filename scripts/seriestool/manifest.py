@@ -14,12 +14,19 @@ One file records, once, everything the tooling checks against:
 - regression tests: upstream vLLM test files, outside the patches, that cover
   the touched code and run with every prefix of the series, and the node-id
   prefixes deselected from them with the reason (network, or failing on the
-  base already).
+  base already);
+- optionally, in ``"series"``, ``"previous"``: which patches of the previous
+  version each patch derives from (patch subject -> list of previous-version
+  subjects: one for a rewrite or a piece split from it, several for a merge),
+  so that ``compare`` pairs a rewrite that ``git range-diff`` cannot.
+  Subjects, not file names, so renumbering and re-export keep it.  Written
+  only when non-empty: a manifest without it round-trips byte for byte.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from pathlib import Path
 
@@ -67,6 +74,8 @@ class Manifest:
     base: Base
     patches: list[PatchEntry]
     regression_tests: RegressionTests
+    # Patch subject -> subjects of the previous version's patches it derives from.
+    previous: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def branch_name(self) -> str:
@@ -77,8 +86,11 @@ class Manifest:
         return [patch_dir / p.file for p in self.patches]
 
     def to_json(self) -> str:
+        series: dict = {"name": self.name, "version": self.version}
+        if self.previous:
+            series["previous"] = self.previous
         data = {
-            "series": {"name": self.name, "version": self.version},
+            "series": series,
             "base": dataclasses.asdict(self.base),
             "patches": [dataclasses.asdict(p) for p in self.patches],
             "regression_tests": dataclasses.asdict(self.regression_tests),
@@ -91,13 +103,68 @@ class Manifest:
         tmp.write_text(self.to_json())
         tmp.replace(path)
 
+    def prune_previous(self) -> list[str]:
+        """Drop the ``previous`` entries whose subject is no patch's any more;
+        returns the dropped subjects (the rest is kept as it was)."""
+        subjects = {normalise(p.subject) for p in self.patches}
+        gone = [key for key in self.previous if normalise(key) not in subjects]
+        for key in gone:
+            del self.previous[key]
+        return gone
+
+
+def normalise(subject: str) -> str:
+    """A subject with its whitespace runs as single spaces: how subjects match."""
+    return " ".join(subject.split())
+
+
+def previous_problems(manifest: Manifest) -> list[str]:
+    """What is wrong with ``manifest.previous`` (empty: nothing).
+
+    Every key must be the subject of one of the manifest's patches (compared
+    with whitespace normalised), at most once; every value a non-empty list
+    of subjects.  The values name the previous version's patches, which this
+    manifest does not list: ``compare`` reports one that names no patch there.
+    """
+    field = '"series"."previous"'
+    if not isinstance(manifest.previous, dict):
+        return [
+            f"{field} must be an object: patch subject -> list of the previous"
+            f" version's patch subjects, not {type(manifest.previous).__name__}"
+        ]
+    subjects = [p.subject for p in manifest.patches]
+    normal = {normalise(s) for s in subjects}
+    found, seen = [], set()
+    for key, value in manifest.previous.items():
+        if normalise(key) not in normal:
+            close = difflib.get_close_matches(key, subjects, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            found.append(
+                f"{field} names {key!r}, which is not the subject of any patch"
+                f" of this manifest (its keys are this version's subjects){hint}"
+            )
+        elif normalise(key) in seen:
+            found.append(f"{field} names {key!r} twice")
+        seen.add(normalise(key))
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(s, str) and s.strip() for s in value)
+        ):
+            found.append(
+                f"{field}[{key!r}] must be a non-empty list of the previous"
+                f" version's patch subjects, not {json.dumps(value)}"
+            )
+    return found
+
 
 def load(path: Path = MANIFEST_PATH) -> Manifest:
     """Read and validate the manifest.
 
     Raises:
-        SeriesError: the file is missing, not JSON, or lacks a field; the
-            message names the file and the field.
+        SeriesError: the file is missing, not JSON, or lacks a field, or its
+            ``"previous"`` names a subject none of its patches has; the
+            message names the file and the field (or the subject).
     """
     try:
         data = json.loads(path.read_text())
@@ -107,7 +174,7 @@ def load(path: Path = MANIFEST_PATH) -> Manifest:
         raise SeriesError(f"manifest {path} is not valid JSON: {e}") from None
     try:
         base = data["base"]
-        return Manifest(
+        manifest = Manifest(
             name=data["series"]["name"],
             version=str(data["series"]["version"]),
             base=Base(
@@ -120,6 +187,11 @@ def load(path: Path = MANIFEST_PATH) -> Manifest:
             ),
             patches=[PatchEntry(**p) for p in data["patches"]],
             regression_tests=RegressionTests(**data.get("regression_tests", {})),
+            previous=data["series"].get("previous", {}),
         )
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise SeriesError(f"manifest {path} is missing or mistypes field {e}") from None
+    found = previous_problems(manifest)
+    if found:
+        raise SeriesError(f"manifest {path}:\n  " + "\n  ".join(found))
+    return manifest

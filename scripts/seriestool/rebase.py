@@ -46,7 +46,8 @@ On success: the new series is exported with ``export.format_patches``
 (reproducible; files are renumbered contiguously, so a dropped patch shifts
 the numbers of the ones after it) into ``work/rebase/<X>/staging`` with a
 refreshed manifest (base version, upstream commit, sdist name and sha256,
-materialised base commit, touched-file blob ids, patch IDs and list), the
+materialised base commit, touched-file blob ids, patch IDs and list; the
+rest kept, ``"previous"`` less the entries of dropped patches), the
 range-diff of old series vs new series goes into ``work/rebase/<X>/report.md``
 (also printed), and the series' tests (``seriestest.check_prefixes``) run
 against the new base unless ``--skip-tests``.  Only then is ``patches/``
@@ -1070,7 +1071,7 @@ def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
         )
     for entry, f in zip(applied, files, strict=True):
         entry.new_file = f.name
-    manifest = _new_manifest(sess, files)
+    manifest = _new_manifest(sess, files, log)
     manifest_name = Path(sess.manifest_path).name
     manifest.save(sess.staging / manifest_name)
     found = check_manifest.problems(manifest, sess.staging)
@@ -1131,7 +1132,9 @@ def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
     return 0
 
 
-def _new_manifest(sess: Session, files: list[Path]) -> manifest_mod.Manifest:
+def _new_manifest(sess: Session, files: list[Path], log: Log) -> manifest_mod.Manifest:
+    """The old manifest, its base the target and its patches the rebased ones
+    (``previous`` kept, less entries of patches that were dropped)."""
     manifest = copy.deepcopy(_old_manifest(sess))
     t = sess.target
     manifest.base = manifest_mod.Base(
@@ -1142,7 +1145,7 @@ def _new_manifest(sess: Session, files: list[Path]) -> manifest_mod.Manifest:
         commit=sess.new_base,
         touched_files={},
     )
-    return export_mod.refresh_manifest(manifest, Path(sess.scratch), sess.new_base, files)
+    return export_mod.refresh_manifest(manifest, Path(sess.scratch), sess.new_base, files, log)
 
 
 class _Tee(io.TextIOBase):

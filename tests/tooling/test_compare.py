@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import GIT, ROOT, Repo, snapshot
 from seriestool import base as base_mod
-from seriestool import cli
+from seriestool import check_manifest, cli, versions
 from seriestool import export as export_mod
 from seriestool import manifest as manifest_mod
 
@@ -186,8 +186,12 @@ class Project:
         self.base = upstream.head()
         self.patch_dir = project.path / "patches"
 
-    def write(self, patches, version: str) -> None:
-        """Export ``patches`` (applied in order on the base) into ``patches/``."""
+    def write(self, patches, version: str, previous=None, reexport=False, log=None) -> None:
+        """Export ``patches`` (applied in order on the base) into ``patches/``.
+
+        The manifest is a new one recording ``previous``; with ``reexport``,
+        the one in ``patches/`` (as `make export` does), at ``version``.
+        """
         up = self.upstream
         up.git("checkout", "-q", "-b", "series", self.base)
         for message, edits in patches:
@@ -207,18 +211,21 @@ class Project:
                 sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64),
                 commit=self.base, touched_files={},
             ),
-            regression_tests=manifest_mod.RegressionTests(),
+            regression_tests=manifest_mod.RegressionTests(), previous=dict(previous or {}),
         )  # fmt: skip
+        if reexport:
+            manifest = manifest_mod.load(self.patch_dir / "series.json")
+            manifest.version = version
         self.patch_dir.mkdir(exist_ok=True)
         export_mod.export_series(up.path, manifest, "series", self.base,
                                  patch_dir=self.patch_dir,
                                  manifest_path=self.patch_dir / "series.json",
-                                 log=lambda *_: None)  # fmt: skip
+                                 log=log or (lambda *_: None))  # fmt: skip
         up.git("checkout", "-q", "main")
         up.git("branch", "-q", "-D", "series")
 
-    def commit(self, patches, version: str, message: str) -> str:
-        self.write(patches, version)
+    def commit(self, patches, version: str, message: str, previous=None) -> str:
+        self.write(patches, version, previous)
         return self.project.commit(message)
 
     def compare(self, capsys, *args: str) -> tuple[int, str, str]:
@@ -294,6 +301,92 @@ def test_split_and_paired_by_subject_name_their_counterparts(project, capsys):
     assert [(p["old"]["tag"], p["new"]["tag"]) for p in by_subject] == [("0003", "0004")]
     assert _range_diff_pairs(report["range_diff"]) >= {("3", "<", "-"), ("-", ">", "4")}
     assert "\n    ++reload_28 = 'owned elsewhere'\n" in by_subject[0]["range_diff"]
+
+
+# v1 0002 rewritten under a new subject.
+RING = (
+    "[Loader] fixed staging ring\n\nOne ring of fixed size; no CPU fallback.",
+    {
+        "pkg/staging.py": "RING = 'fixed'\n",
+        "tests/test_staging.py": "def test_ring():\n    assert RING\n",
+        "pkg/loader.py": {5: "loader_05 = 'staged'"},
+    },
+)
+RING_SUBJECT = RING[0].split("\n")[0]
+STAGING_V1 = STAGING[0].split("\n")[0]
+OWNED_V1 = OWNED[0].split("\n")[0]
+
+
+@pytest.mark.parametrize(
+    "previous, expected",
+    [
+        ({"[Loader] bound GPU stagign": [STAGING_V1]},
+         "\"series\".\"previous\" names '[Loader] bound GPU stagign', which is not the subject"
+         " of any patch of this manifest (its keys are this version's subjects); did you mean"
+         " '[Loader] bound GPU staging'?"),
+        ({STAGING_V1: []},
+         "\"series\".\"previous\"['[Loader] bound GPU staging'] must be a non-empty list"),
+        ({STAGING_V1: STAGING_V1},
+         "\"series\".\"previous\"['[Loader] bound GPU staging'] must be a non-empty list"),
+    ],
+    ids=["unknown subject", "empty list", "not a list"],
+)  # fmt: skip
+def test_an_invalid_previous_fails_check_manifest_naming_it(project, previous, expected):
+    """check-manifest, with the system python3 alone, names the bad entry."""
+    path = project.patch_dir / "series.json"
+    data = json.loads(path.read_text())
+    data["series"]["previous"] = previous
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    done = subprocess.run(
+        ["python3", "-m", "seriestool", "check-manifest", "--manifest", str(path)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"error: manifest {path}:\n  ")
+    assert expected in done.stderr
+
+
+def test_export_keeps_previous_and_drops_entries_of_patches_gone(project):
+    """Re-exporting keeps "previous" as it was (order included); the entry of
+    a patch the new export no longer has is dropped, with a note."""
+    previous = {OWNED_V1: [OWNED_V1], RING_SUBJECT: [STAGING_V1]}
+    project.commit([BORROWED, RING, OWNED], "2", "Series v2", previous=previous)
+    path = project.patch_dir / "series.json"
+    assert manifest_mod.load(path).previous == previous
+    notes = []
+    project.write([BORROWED, RING], "2", reexport=True, log=notes.append)
+    project.project.commit("v2: drop a patch")
+    saved = manifest_mod.load(path)
+    assert list(saved.previous.items()) == [(RING_SUBJECT, [STAGING_V1])]
+    assert [n for n in notes if n.startswith("note:")] == [
+        "note: dropped \"previous\" entry '[Reload] own deferred tensors' from the manifest: no"
+        " patch has that subject any more (if it was renamed, record it again under its new"
+        " subject)"
+    ]
+    assert check_manifest.problems(saved, project.patch_dir) == []
+    before = path.read_bytes()
+    project.write([BORROWED, RING], "2", reexport=True)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("manifest", ["toy v1", "this repository's v1"])
+def test_a_manifest_without_previous_is_byte_identical_after_load_and_save(
+    project, tmp_path, manifest
+):
+    """A manifest written before "previous" existed round-trips byte for byte."""
+    if manifest == "toy v1":
+        text = (project.patch_dir / "series.json").read_bytes()
+    else:
+        state = versions.resolve(ROOT, "1")
+        text = subprocess.run([GIT, "-C", str(ROOT), "show", f"{state.commit}:patches/series.json"],
+                              capture_output=True, check=True).stdout  # fmt: skip
+    assert b'"previous"' not in text
+    src, dest = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_bytes(text)
+    loaded = manifest_mod.load(src)
+    assert loaded.previous == {}
+    loaded.save(dest)
+    assert dest.read_bytes() == text
 
 
 @pytest.mark.parametrize("spec", ["1", "v1", "first v1 commit", "2", "HEAD~1"])
