@@ -4,15 +4,20 @@ One line per patch of the new version, in its order, then one per old patch
 that is gone: what git shows changed (the kinds below, with the files and
 patch numbers behind them) and a ``Why: TODO.`` for the reviewer-facing
 reason, which only a person can give.  ``compare`` classifies; this module
-only words the result.
+only words the result.  What ``patches/series.json`` records in ``previous``
+reads as such: a recorded pair "rewritten from vN NNNN `subject`: <what
+differs>", a new patch whose recorded ancestor is paired already "split from
+vN NNNN `subject` (recorded; ...)"; an old patch a recorded entry consumes is
+not listed as dropped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .compare import Change, Comparison
+    from .compare import Change, Comparison, Patch
 
 UNCHANGED = "unchanged"
 NEW = "new"
@@ -23,6 +28,8 @@ REWORDED = "reworded"
 TEST_ONLY = "test only"
 CONTRACT_CHANGED = "contract changed"
 CONTEXT_ONLY = "context only"
+REWRITTEN = "rewritten"  # paired as series.json's "previous" records
+MERGED = "merged"  # a further recorded ancestor of a new patch, and that patch
 
 # Kinds that need no reason: nothing a reviewer must re-read.
 _NO_WHY = {UNCHANGED, CONTEXT_ONLY}
@@ -44,7 +51,8 @@ def draft(comparison: Comparison) -> str:
     ]
     ordered = sorted((c for c in comparison.changes if c.new), key=lambda c: c.new.number)
     gone = sorted(
-        (c for c in comparison.changes if not c.new and not c.pieces), key=lambda c: c.old.number
+        (c for c in comparison.changes if not c.new and not c.pieces and not c.merged_into),
+        key=lambda c: c.old.number,
     )
     for change in ordered + gone:
         lines.append(_line(change, comparison))
@@ -73,11 +81,18 @@ def _line(change: Change, comparison: Comparison) -> str:
     else:
         head = f"- {new.tag} `{new.subject}`"
         # The old number, unless the kind's own words say where it came from.
-        if old is not None and old.tag != new.tag and not {SPLIT, REORDERED} & set(change.kinds):
+        if (
+            old is not None
+            and old.tag != new.tag
+            and not {SPLIT, REORDERED, REWRITTEN} & set(change.kinds)
+        ):
             head += f" (v{ov} {old.tag})"
     parts = [_describe(kind, change, comparison) for kind in change.kinds]
+    text = "; ".join(parts)
+    if change.kinds[0] == REWRITTEN and len(parts) > 1:
+        text = f"{parts[0]}: {'; '.join(parts[1:])}"  # "rewritten from ...: what differs"
     why = "" if set(change.kinds) <= _NO_WHY else " Why: TODO."
-    return f"{head}: {'; '.join(parts)}.{why}"
+    return f"{head}: {text}.{why}"
 
 
 def _describe(kind: str, change: Change, comparison: Comparison) -> str:
@@ -91,10 +106,26 @@ def _describe(kind: str, change: Change, comparison: Comparison) -> str:
     if kind == DROPPED:
         heirs = [c.new.tag for c in comparison.changes if c.from_old is old and c.new]
         return DROPPED + (f"; most of its lines are now in {', '.join(heirs)}" if heirs else "")
+    if kind == SPLIT and change.derivations and change.new is not None:
+        return "; ".join(
+            f"split from v{ov} {d.old.tag} `{d.old.subject}` (recorded; pieces:"
+            f" {', '.join(p.tag for p in recorded_pieces(comparison.changes, d.old))})"
+            for d in change.derivations
+        )
     if kind == SPLIT:
         donor = change.from_old or old
         tags = ", ".join(p.tag for p in change.pieces)
         return f"split from v{ov} {donor.tag} `{donor.subject}` into {tags}"
+    if kind == REWRITTEN:
+        return f"rewritten from v{ov} {old.tag} `{old.subject}`"
+    if kind == MERGED and change.new is None:
+        return f"merged into {change.merged_into.tag} (recorded)"
+    if kind == MERGED:
+        return "; ".join(
+            f"also from v{ov} {d.old.tag} `{d.old.subject}` (recorded)" for d in change.derivations
+        )
+    if kind == REORDERED and REWRITTEN in change.kinds:
+        return REORDERED  # "rewritten from" names the old patch
     if kind == REORDERED:
         return f"reordered (was v{ov} {old.tag})"
     if kind == REWORDED:
@@ -117,9 +148,22 @@ def _describe(kind: str, change: Change, comparison: Comparison) -> str:
     return kind
 
 
+def recorded_pieces(changes: Sequence[Change], ancestor: Patch) -> list[Patch]:
+    """The new patches that carry ``ancestor``: its pair and those that record it."""
+    return sorted(
+        (
+            c.new
+            for c in changes
+            if c.new and (c.old is ancestor or any(d.old is ancestor for d in c.derivations))
+        ),
+        key=lambda p: p.number,
+    )
+
+
 def _subject_note(change: Change, also: bool = False) -> str:
     old, new = change.old, change.new
-    if old is not None and new is not None and old.subject != new.subject:
+    rewritten = change.paired_by == "manifest"  # "rewritten from" names the old subject
+    if old is not None and new is not None and old.subject != new.subject and not rewritten:
         return f"; subject was `{old.subject}`"
     if also and change.message_changed:
         return "; message changed too"

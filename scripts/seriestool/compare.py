@@ -9,7 +9,14 @@ only the files the patches touch, and checks every patch's result against its
 recorded images), and reports ``git range-diff`` between the two applied
 ranges.  Patches are paired as range-diff pairs them; an old and a new patch
 that range-diff leaves unpaired but that carry the same subject are paired by
-subject, with their own range-diff.
+subject, with their own range-diff.  Then the pairing the newer side's
+manifest records (``"series"."previous"``: patch subject -> the subjects of
+the previous version's patches it derives from) pairs a new patch still
+unpaired with the first old patch its entry names that is still unpaired,
+also with its own range-diff (``paired_by="manifest"``): a rewrite that
+changed too much text for range-diff.  A recorded ancestor that is not the
+patch's pair (already paired: the new patch is split from it; or a further
+ancestor of a merge) gets its range-diff too, without being paired again.
 
 Each pair is then classified from git's facts alone:
 
@@ -25,7 +32,14 @@ Each pair is then classified from git's facts alone:
   around the change moved;
 - ``split``: two or more new patches carry one old patch's content: its
   range-diff partner, if any, and new patches most of whose added lines (by
-  length) were added by that old patch.
+  length) were added by that old patch; or, as recorded, a new patch left
+  unpaired because the ancestors its ``previous`` entry names are paired
+  already;
+- ``rewritten``: paired as recorded in ``previous`` (then classified as any
+  changed pair); ``merged``: an old patch that a new patch's ``previous``
+  entry names but that is paired with another, and that new patch.
+  The record is authoritative: an old patch named in it is no candidate for
+  the content-based split.
 
 The draft "Changes in vN" section for SERIES.md is rendered by ``changelog``.
 Output is the same on every machine: every git call is hermetic (``git``: no
@@ -59,9 +73,11 @@ from .changelog import (
     CONTEXT_ONLY,
     CONTRACT_CHANGED,
     DROPPED,
+    MERGED,
     NEW,
     REORDERED,
     REWORDED,
+    REWRITTEN,
     SPLIT,
     TEST_ONLY,
     UNCHANGED,
@@ -101,13 +117,21 @@ class Patch:
 
 
 @dataclasses.dataclass
+class Derivation:
+    """A recorded ancestor of a new patch that is not its pair, and their range-diff."""
+
+    old: Patch
+    range_diff: str
+
+
+@dataclasses.dataclass
 class Change:
     """One range-diff pair and what it means for the changelog."""
 
     status: str  # "=", "!", "<", ">"
     old: Patch | None
     new: Patch | None
-    paired_by: str = ""  # "range-diff", "subject" or "" (unpaired)
+    paired_by: str = ""  # "range-diff", "subject", "manifest" or "" (unpaired)
     range_diff: str = ""  # the pair's range-diff body, for "!"
     kinds: list[str] = dataclasses.field(default_factory=list)
     code_paths: list[str] = dataclasses.field(default_factory=list)
@@ -117,6 +141,11 @@ class Change:
     moved: bool = False
     from_old: Patch | None = None  # a new patch: the old one most of its lines come from
     pieces: list[Patch] = dataclasses.field(default_factory=list)  # split: the new patches
+    # A new patch: the old patches its "previous" entry names, and those of them
+    # that are not its pair, each with their range-diff.
+    recorded: list[Patch] = dataclasses.field(default_factory=list)
+    derivations: list[Derivation] = dataclasses.field(default_factory=list)
+    merged_into: Patch | None = None  # an old patch left unpaired that a new one records
 
     def to_dict(self) -> dict:
         def patch(p: Patch | None) -> dict | None:
@@ -134,6 +163,11 @@ class Change:
             "author_changed": self.author_changed,
             "from_old": patch(self.from_old),
             "split_into": [p.tag for p in self.pieces],
+            "recorded_from": [p.tag for p in self.recorded],
+            "derivations": [
+                {"old": patch(d.old), "range_diff": d.range_diff} for d in self.derivations
+            ],
+            "merged_into": patch(self.merged_into),
             "range_diff": self.range_diff if self.status == "!" else None,
         }
 
@@ -187,15 +221,16 @@ class Comparison:
     new: Side
     range_diff: str
     changes: list[Change]
+    recorded_notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def notes(self) -> list[str]:
         if self.old.state.version != self.new.state.version:
-            return []
+            return self.recorded_notes
         return [
             f'both sides record version {self.new.state.version}: set "series": {{"version":'
             f" ...}} in {versions.PATCH_DIR}/{versions.MANIFEST} when cutting the next version"
-        ]
+        ] + self.recorded_notes
 
     def draft(self) -> str:
         return changelog.draft(self)
@@ -291,6 +326,7 @@ def _compare_in(
 
     text = _range_diff(scratch, old, new)
     changes = _pair(scratch, old, new, text)
+    notes = _pair_recorded(scratch, old, new, changes)
     _mark_moved(changes)
     for change in changes:
         if change.status == "!":
@@ -298,7 +334,7 @@ def _compare_in(
     _find_splits(scratch, changes)
     for change in changes:
         change.kinds = _kinds(change)
-    return Comparison(old, new, text, changes)
+    return Comparison(old, new, text, changes, notes)
 
 
 def _base_commit(
@@ -372,17 +408,83 @@ def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
             continue
         dropped.remove(match)
         changes.remove(match)
-        o, n = match.old, added.new
-        assert o is not None and n is not None
-        forced = rangediff.range_diff(scratch, f"{o.commit}^", o.commit, f"{n.commit}^",
-                                      n.commit, creation_factor=_FORCE_PAIR)  # fmt: skip
-        body = next((p.body for p in rangediff.parse(forced) if p.status in "=!"), forced)
-        added.status, added.old, added.paired_by, added.range_diff = "!", o, "subject", body
+        assert match.old is not None and added.new is not None
+        added.status, added.old, added.paired_by = "!", match.old, "subject"
+        added.range_diff = _forced_range_diff(scratch, match.old, added.new)
     return changes
+
+
+def _forced_range_diff(scratch: Path, o: Patch, n: Patch) -> str:
+    """The range-diff body of ``o`` against ``n``, however much they differ."""
+    forced = rangediff.range_diff(scratch, f"{o.commit}^", o.commit, f"{n.commit}^", n.commit,
+                                  creation_factor=_FORCE_PAIR)  # fmt: skip
+    return next((p.body for p in rangediff.parse(forced) if p.status in "=!"), forced)
 
 
 def _same_subject(a: Patch | None, b: Patch | None) -> bool:
     return a is not None and b is not None and a.subject.split() == b.subject.split()
+
+
+def _pair_recorded(scratch: Path, old: Side, new: Side, changes: list[Change]) -> list[str]:
+    """Pair and link what the newer manifest's ``previous`` records; returns notes.
+
+    Each new patch still unpaired whose subject has an entry is paired with
+    the first old patch its entry names that is still unpaired
+    (``paired_by="manifest"``, with their forced range-diff).  Then every new
+    patch with an entry gets the old patches it names (``recorded``) and,
+    for each that is not its pair, their range-diff (``derivations``); an
+    old patch so named but left unpaired is ``merged_into`` that new patch.
+    A named subject that no old patch has is reported in a note (when the
+    sides are different versions: a manifest records the version before it).
+    """
+    norm = manifest_mod.normalise
+    entries = {norm(k): [norm(s) for s in v] for k, v in new.manifest.previous.items()}
+    if not entries:
+        return []
+    added = sorted((c for c in changes if c.status == ">"), key=lambda c: c.new.number)
+    for change in added:
+        assert change.new is not None
+        wanted = entries.get(norm(change.new.subject), [])
+        dropped = [c for c in changes if c.status == "<"]
+        match = next(
+            (c for s in wanted for c in dropped if c.old and norm(c.old.subject) == s), None
+        )
+        if match is None or match.old is None:
+            continue
+        changes.remove(match)
+        change.status, change.old, change.paired_by = "!", match.old, "manifest"
+        change.range_diff = _forced_range_diff(scratch, match.old, change.new)
+
+    notes = []
+    by_subject = collections.defaultdict(list)
+    for p in old.patches:
+        by_subject[norm(p.subject)].append(p)
+    unpaired_old = {c.old.number: c for c in changes if c.status == "<" and c.old}
+    for change in sorted((c for c in changes if c.new), key=lambda c: c.new.number):
+        assert change.new is not None
+        for subject in entries.get(norm(change.new.subject), []):
+            if not by_subject.get(subject):
+                notes.append(
+                    f"{versions.MANIFEST} of {new.state.label} records {change.new.tag}"
+                    f" `{change.new.subject}` as derived from `{subject}`, which is no patch"
+                    f' of {old.state.label}: check the subject in "previous"'
+                )
+            for ancestor in by_subject.get(subject, []):
+                if any(a is ancestor for a in change.recorded):
+                    continue
+                change.recorded.append(ancestor)
+                if ancestor is change.old:
+                    continue
+                body = _forced_range_diff(scratch, ancestor, change.new)
+                change.derivations.append(Derivation(ancestor, body))
+                gone = unpaired_old.get(ancestor.number)
+                if gone is not None and gone.merged_into is None:
+                    gone.merged_into = change.new
+    for change in changes:
+        if change.status == ">" and change.derivations:
+            change.from_old = change.derivations[0].old
+            change.pieces = changelog.recorded_pieces(changes, change.from_old)
+    return notes if old.state.version != new.state.version else []
 
 
 def _mark_moved(changes: list[Change]) -> None:
@@ -466,7 +568,9 @@ def _find_splits(scratch: Path, changes: list[Change]) -> None:
     range-diff partner and the new patches taken from it) was split.
     """
     donors = [c.old for c in changes if c.old and c.status in "<!"]
-    added = [c for c in changes if c.status == ">"]
+    # What series.json's "previous" records is not guessed at.
+    added = [c for c in changes if c.status == ">" and not c.derivations]
+    recorded = {p.number for c in changes for p in c.recorded}
     if not donors or not added:
         return
     donor_lines = {p.number: _added_text(scratch, p.commit) for p in donors}
@@ -483,6 +587,8 @@ def _find_splits(scratch: Path, changes: list[Change]) -> None:
         if best is not None and best_share >= SPLIT_SHARE:
             change.from_old = best
     for donor in donors:
+        if donor.number in recorded:
+            continue
         own = next(c for c in changes if c.old is donor)
         pieces = [c.new for c in changes if c.from_old is donor]
         if own.new is not None:
@@ -498,10 +604,10 @@ def _kinds(change: Change) -> list[str]:
     if change.pieces:
         return [SPLIT]
     if change.status == "<":
-        return [DROPPED]
+        return [MERGED] if change.merged_into else [DROPPED]
     if change.status == ">":
         return [NEW]
-    kinds = []
+    kinds = [REWRITTEN] if change.paired_by == "manifest" else []
     if change.status == "!":
         if change.code_paths:
             kinds.append(CONTRACT_CHANGED)
@@ -511,6 +617,8 @@ def _kinds(change: Change) -> list[str]:
             kinds.append(REWORDED)
         else:
             kinds.append(CONTEXT_ONLY)
+    if change.derivations:
+        kinds.append(MERGED)
     if change.moved:
         kinds.append(REORDERED)
     return kinds or [UNCHANGED]
@@ -543,12 +651,27 @@ def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
         lines.append("(both series are empty)")
     lines += ["", f"git range-diff {old.state.label} -> {new.state.label}:",
               comparison.range_diff or "(empty)"]  # fmt: skip
-    for c in comparison.changes:
-        if c.paired_by == "subject":
-            assert c.old is not None and c.new is not None
-            lines += ["", "paired by subject (range-diff left them unpaired):"
-                      f" v{old.state.version} {c.old.tag} -> v{new.state.version} {c.new.tag}",
-                      c.range_diff]  # fmt: skip
+    ov, nv = old.state.version, new.state.version
+    by_new = sorted((c for c in comparison.changes if c.new), key=lambda c: c.new.number)
+    for paired_by, heading in (
+        ("subject", "paired by subject (range-diff left them unpaired)"),
+        ("manifest", f"paired as recorded in {versions.MANIFEST} (range-diff left them unpaired)"),
+    ):
+        for c in by_new:
+            if c.paired_by == paired_by:
+                assert c.old is not None and c.new is not None
+                lines += ["", f"{heading}: v{ov} {c.old.tag} -> v{nv} {c.new.tag}", c.range_diff]
+    for c in by_new:
+        assert c.new is not None
+        for d in c.derivations:
+            if c.old is not None:  # a further ancestor of a paired patch
+                how, why = "merged", f"v{nv} {c.new.tag} is paired with v{ov} {c.old.tag}"
+            else:
+                partner = next((x.new for x in by_new if x.old is d.old), None)
+                taken = f"paired with v{nv} {partner.tag}" if partner else "merged elsewhere"
+                how, why = "split", f"v{ov} {d.old.tag} is {taken}"
+            lines += ["", f"{how} as recorded in {versions.MANIFEST} ({why}):"
+                      f" v{ov} {d.old.tag} -> v{nv} {c.new.tag}", d.range_diff]  # fmt: skip
     lines.append("")
     if draft_path is not None:
         lines.append(f"Draft of the changelog section written to {draft_path}")

@@ -129,7 +129,7 @@ def write_patches(repo: Path, state: SeriesVersion, dest: Path) -> manifest_mod.
     working-tree state); ``dest`` must not exist.
 
     Raises:
-        SeriesError: a listed patch file is missing.
+        SeriesError: the manifest is invalid, or a listed patch file is missing.
     """
     dest.mkdir(parents=True)
     if state.commit is None:
@@ -138,7 +138,12 @@ def write_patches(repo: Path, state: SeriesVersion, dest: Path) -> manifest_mod.
     else:
         (dest / MANIFEST).write_bytes(_blob(repo, state.commit, f"{PATCH_DIR}/{MANIFEST}",
                                             text=False))  # fmt: skip
-    manifest = manifest_mod.load(dest / MANIFEST)
+    try:
+        manifest = manifest_mod.load(dest / MANIFEST)
+    except SeriesError as e:  # name the version and its manifest, not the scratch copy
+        raise SeriesError(
+            f"{state.label}: " + str(e).replace(str(dest / MANIFEST), f"{PATCH_DIR}/{MANIFEST}")
+        ) from None
     for entry in manifest.patches:
         if state.commit is None:
             data = (source / entry.file).read_bytes() if (source / entry.file).is_file() else None

@@ -2,9 +2,11 @@
 
 A toy upstream (the vLLM stand-in, passed as ``--vllm``: it holds the base)
 and a toy project repository whose ``patches/`` holds version 1 of a
-three-patch series, then a version 2 shaped as each test names it.  The real
-CLI runs; the tests read its JSON (or text) and check each patch's kind in
-the draft changelog and the pair git's range-diff shows for it.
+three-patch series, then a version 2 shaped as each test names it (and, where
+a test says so, its manifest's "previous": which v1 patches each v2 patch
+derives from).  The real CLI runs; the tests read its JSON (or text) and
+check each patch's kind in the draft changelog and the pair git's range-diff
+(or the recorded pairing) shows for it.
 """
 
 from __future__ import annotations
@@ -303,7 +305,8 @@ def test_split_and_paired_by_subject_name_their_counterparts(project, capsys):
     assert "\n    ++reload_28 = 'owned elsewhere'\n" in by_subject[0]["range_diff"]
 
 
-# v1 0002 rewritten under a new subject.
+# v1 0002 rewritten: range-diff leaves the two unpaired ("rewritten under the
+# same subject" above), and the new subject keeps subject pairing out of it.
 RING = (
     "[Loader] fixed staging ring\n\nOne ring of fixed size; no CPU fallback.",
     {
@@ -312,9 +315,122 @@ RING = (
         "pkg/loader.py": {5: "loader_05 = 'staged'"},
     },
 )
+RING_CHECK = ("[Loader] check the ring size", {"pkg/loader.py": {7: "loader_07 = ring_size()"}})
 RING_SUBJECT = RING[0].split("\n")[0]
 STAGING_V1 = STAGING[0].split("\n")[0]
 OWNED_V1 = OWNED[0].split("\n")[0]
+
+
+def _pair_of(report: dict, new_tag: str) -> dict:
+    return next(p for p in report["pairs"] if p["new"] and p["new"]["tag"] == new_tag)
+
+
+def _draft_line(report: dict, new_tag: str) -> str:
+    return next(line for line in report["draft"].splitlines() if line.startswith(f"- {new_tag} "))
+
+
+def test_a_rewrite_recorded_in_previous_is_paired_with_its_range_diff(project, capsys):
+    """range-diff leaves v1 0002 and its rewrite unpaired; the entry in
+    "previous" pairs them: their range-diff under its own heading, the draft
+    says "rewritten from", and v1 0002 is not listed as dropped."""
+    v2 = [BORROWED, RING, OWNED]
+    project.commit(v2, "2", "Series v2", previous={RING_SUBJECT: [STAGING_V1]})
+    rc, out, _err = project.compare(capsys, "--from", "1", "--to", "2", "--json")
+    assert rc == 0
+    report = json.loads(out)
+    assert _range_diff_pairs(report["range_diff"]) >= {("2", "<", "-"), ("-", ">", "2")}
+    pair = _pair_of(report, "0002")
+    assert (pair["status"], pair["old"]["tag"], pair["paired_by"]) == ("!", "0002", "manifest")
+    assert pair["kinds"] == ["rewritten", "contract changed"]
+    assert "\n    -+    if size > ring_bytes:\n" in pair["range_diff"]
+    assert "\n    ++RING = 'fixed'\n" in pair["range_diff"]
+    assert _draft_line(report, "0002") == (
+        "- 0002 `[Loader] fixed staging ring`: rewritten from v1 0002 `[Loader] bound GPU"
+        " staging`: contract changed: code differs in pkg/loader.py, pkg/staging.py; tests"
+        " differ in tests/test_staging.py; message changed too. Why: TODO."
+    )
+    assert "dropped" not in report["draft"] and report["notes"] == []
+    rc, text, _err = project.compare(capsys, "--from", "1", "--to", "2")
+    heading = (
+        "paired as recorded in series.json (range-diff left them unpaired): v1 0002 -> v2 0002"
+    )
+    assert f"\n{heading}\n{pair['range_diff']}\n" in text
+    assert re.search(
+        r"^0002\s+!\s+0002\s+rewritten, contract changed\s+\[Loader\] fixed", text, re.M
+    )
+
+
+def test_a_split_recorded_in_previous_reads_as_split_with_its_range_diff(project, capsys):
+    """Two new patches record v1 0002: the first is paired with it, the other
+    is not paired again but reads "split from ... (recorded)" and still gets
+    its range-diff against v1 0002."""
+    v2 = [BORROWED, RING, RING_CHECK, OWNED]
+    previous = {RING_SUBJECT: [STAGING_V1], RING_CHECK[0]: [STAGING_V1]}
+    project.commit(v2, "2", "Series v2", previous=previous)
+    rc, out, _err = project.compare(capsys, "--from", "1", "--to", "2", "--json")
+    assert rc == 0
+    report = json.loads(out)
+    assert _pair_of(report, "0002")["paired_by"] == "manifest"
+    piece = _pair_of(report, "0003")
+    assert (piece["status"], piece["old"], piece["paired_by"]) == (">", None, None)
+    assert (piece["kinds"], piece["split_into"], piece["recorded_from"]) == (
+        ["split"], ["0002", "0003"], ["0002"]
+    )  # fmt: skip
+    [derivation] = piece["derivations"]
+    assert derivation["old"]["tag"] == "0002"
+    assert "\n    ++loader_07 = ring_size()\n" in derivation["range_diff"]
+    assert _draft_line(report, "0003") == (
+        "- 0003 `[Loader] check the ring size`: split from v1 0002 `[Loader] bound GPU staging`"
+        " (recorded; pieces: 0002, 0003). Why: TODO."
+    )
+    assert "dropped" not in report["draft"]
+    rc, text, _err = project.compare(capsys, "--from", "1", "--to", "2")
+    heading = (
+        "split as recorded in series.json (v1 0002 is paired with v2 0002): v1 0002 -> v2 0003"
+    )
+    assert f"\n{heading}\n{derivation['range_diff']}\n" in text
+
+
+def test_a_merge_recorded_in_previous_pairs_the_first_and_consumes_the_rest(project, capsys):
+    """A new patch recording two v1 patches is paired with the first; the
+    second is merged into it (its range-diff shown), not listed as dropped."""
+    merged = ("[Loader] staging and ownership", {**RING[1], **OWNED[1]})
+    project.commit([BORROWED, merged], "2", "Series v2",
+                   previous={merged[0]: [STAGING_V1, OWNED_V1]})  # fmt: skip
+    rc, out, _err = project.compare(capsys, "--from", "1", "--to", "2", "--json")
+    assert rc == 0
+    report = json.loads(out)
+    pair = _pair_of(report, "0002")
+    assert (pair["old"]["tag"], pair["paired_by"], pair["recorded_from"]) == (
+        "0002", "manifest", ["0002", "0003"]
+    )  # fmt: skip
+    assert pair["kinds"] == ["rewritten", "contract changed", "merged"]
+    gone = next(p for p in report["pairs"] if p["old"] and p["old"]["tag"] == "0003")
+    assert (gone["status"], gone["kinds"], gone["merged_into"]["tag"]) == ("<", ["merged"], "0002")
+    line = _draft_line(report, "0002")
+    assert line.startswith("- 0002 `[Loader] staging and ownership`: rewritten from v1 0002 ")
+    assert "; also from v1 0003 `[Reload] own deferred tensors` (recorded). Why: TODO." in line
+    assert "- v1 0003" not in report["draft"]
+    rc, text, _err = project.compare(capsys, "--from", "1", "--to", "2")
+    assert (
+        "\nmerged as recorded in series.json (v2 0002 is paired with v1 0002): v1 0003 -> v2 0002\n"
+        in text
+    )
+
+
+def test_a_recorded_ancestor_that_names_no_old_patch_is_a_note(project, capsys):
+    """An entry whose old subject is mistyped pairs nothing and says so."""
+    project.commit([BORROWED, RING, OWNED], "2", "Series v2",
+                   previous={RING_SUBJECT: ["[Loader] bound GPU stagign"]})  # fmt: skip
+    rc, out, _err = project.compare(capsys, "--from", "1", "--to", "2", "--json")
+    report = json.loads(out)
+    assert rc == 0 and _pair_of(report, "0002")["kinds"] == ["new"]
+    v1, v2 = project.project.git("rev-parse", "HEAD~1", "HEAD").split()
+    assert report["notes"] == [
+        f"series.json of v2 (commit {v2[:12]}) records 0002 `{RING_SUBJECT}` as derived from"
+        f" `[Loader] bound GPU stagign`, which is no patch of v1 (commit {v1[:12]}): check the"
+        ' subject in "previous"'
+    ]
 
 
 @pytest.mark.parametrize(
