@@ -2,7 +2,7 @@
 
 A fork merges the series as a *consolidated* branch: one commit per patch, or
 squashed, with a test moved between commits or a review fix folded in.  This
-command proves, per patch, that its change is preserved (issue 8):
+command proves, per patch, that its change is preserved:
 
 - **identical**: a commit in ``BASE..CONSOLIDATED`` has the same verbatim
   stable patch ID (``git patch-id --verbatim``: indentation is meaning in

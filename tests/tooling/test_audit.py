@@ -1,4 +1,4 @@
-"""``seriestool check``: auditing a consolidated branch against the series (issue 8).
+"""``seriestool check``: auditing a consolidated branch against the series.
 
 Every test builds a throw-away vLLM-like repository, a three-patch series
 (exported with ``git format-patch``; the series branch is deleted again, so the
