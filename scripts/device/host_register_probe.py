@@ -1,6 +1,6 @@
 """Compare three ways to move one tensor read on CPU to the GPU (needs only torch).
 
-Pinned staging (patch 0004) reads the tensor with parallel preads into one
+Pinned staging (patch 0005) reads the tensor with parallel preads into one
 reusable pinned buffer and copies it from there.  The alternative it was
 chosen over registers the shard's own mapping with the GPU
 (``cudaHostRegister``) and copies straight from the page cache, with no CPU

@@ -337,7 +337,7 @@ def run_pytest(
         "pytest",
         "--noconftest",
         # -rsP: skip reasons, and what passing tests printed (e.g. the peak
-        # GPU memory figures the 0005 test prints side by side).
+        # GPU memory figures the 0009 test prints side by side).
         "-rsP",
         "-v",
         "-p",
