@@ -192,7 +192,12 @@ def _apply(
 
     tip, commits = _build(repo, head, patches, images, states[-1], paths)
     summary = _summary(manifest, commits, "applied")
-    tx = journal.Transaction.begin(repo, "apply", {p: {states[-1][p]} for p in created})
+    scope = journal.Scope(
+        paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
+        refs={f"refs/heads/{branch}": [tip]},
+        config={f"branch.{branch}.{SERIES_BASE_KEY}": head},
+    )
+    tx = journal.Transaction.begin(repo, "apply", {p: {states[-1][p]} for p in created}, scope)
     try:
         g.git(repo, "update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)
         g.git(repo, "config", f"branch.{branch}.{SERIES_BASE_KEY}", head)

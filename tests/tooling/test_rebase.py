@@ -334,6 +334,27 @@ def test_keep_conflict_then_abort_restores_exactly(series, work_dir):
         rebase_mod.abort(log=lambda *_: None)
 
 
+def test_abort_refuses_to_undo_what_the_rebase_did_not_do(series, work_dir):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.git("tag", "my-tag")
+    repo.git("config", "remote.fork.url", "https://example.com/fork.git")
+    during = snapshot(repo)
+
+    with pytest.raises(SeriesError) as refused:
+        rebase_mod.abort(log=lambda *_: None)
+    message = str(refused.value)
+    assert "refs/tags/my-tag: created" in message and "remote.fork.url added" in message
+    assert "rebase ABORT=1 FORCE=1" in message
+    assert snapshot(repo) == during
+
+    assert main(["rebase", "--abort", "--force"]) == 0
+    assert snapshot(repo) == before
+
+
 def test_resolution_to_no_change_drops_the_patch(series):
     repo, patch_dir = series
     _conflict_base(repo)
