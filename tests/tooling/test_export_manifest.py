@@ -263,6 +263,62 @@ def test_export_refuses_a_message_git_am_would_cut(toy_series):
     assert _contents(patch_dir) == before
 
 
+@pytest.mark.parametrize(
+    "subject, becomes",
+    [
+        ("Re: [PATCH v3] [Loader] third change", "[Loader] third change"),
+        ("[PATCH] [Loader] third change", "[Loader] third change"),
+        ("[Loader] third change  ", "[Loader] third change"),
+        ("  [Loader] third change", "[Loader] third change"),
+    ],
+)
+def test_export_refuses_a_subject_git_am_would_rewrite(toy_series, subject, becomes):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    repo.write({"pkg/other.py": "V = 2\n"})
+    repo.git("add", "-A")
+    repo.git("commit", "-q", "--cleanup=verbatim", "-m", f"{subject}\n\nBody.\n")
+    commit = repo.head()
+    before = _contents(patch_dir)
+    with pytest.raises(SeriesError) as err:
+        _export_branch(repo, manifest, manifest.branch_name, patch_dir)
+    message = str(err.value)
+    assert f"the subject of commit {commit[:12]} (0003-" in message
+    assert f"{subject!r} becomes {becomes!r}" in message and "reword the commit" in message
+    assert _contents(patch_dir) == before
+
+
+def test_export_says_git_am_cuts_a_message_at_a_diff_line(toy_series):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    message = "[Loader] third change\n\nAs in\ndiff --git a/x b/x\nand more."
+    commit = repo.commit(message, {"pkg/other.py": "V = 2\n"})
+    with pytest.raises(SeriesError) as err:
+        _export_branch(repo, manifest, manifest.branch_name, patch_dir)
+    text = str(err.value)
+    assert f"commit {commit[:12]}" in text
+    assert "cut by git am at the line 'diff --git a/x b/x'" in text
+    assert "as the start of the patch and ends the message there" in text
+    assert "`---`" not in text
+
+
+def test_export_refuses_an_empty_commit_naming_it(toy_series):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    repo.git("commit", "-q", "--allow-empty", "-m", "[Loader] nothing yet")
+    commit = repo.head()
+    before = _contents(patch_dir)
+    with pytest.raises(SeriesError, match=f"commit {commit[:12]} \\(0003-.*\\) is empty"):
+        _export_branch(repo, manifest, manifest.branch_name, patch_dir)
+    assert _contents(patch_dir) == before
+
+
 def _export_branch(repo, manifest, branch, out_dir):
     return export_mod.export_series(
         repo.path, manifest, branch, None, patch_dir=out_dir,
