@@ -131,7 +131,7 @@ def _apply(
 ) -> int:
     if not g.is_repo(repo):
         raise SeriesError(
-            f"{repo} is not a git checkout: VLLM= must name the top of a vLLM git checkout"
+            f"{hints.no_checkout(repo)}: VLLM= must name the top of a vLLM git checkout"
         )
     problems = check_manifest.problems(manifest, patch_dir)
     if problems:
@@ -308,7 +308,9 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("apply", help="apply the series onto the pinned base or VLLM")
-    p.add_argument("--vllm", help="vLLM checkout (default: materialise the pinned base)")
+    p.add_argument(
+        "--vllm", type=hints.user_path, help="vLLM checkout (default: materialise the pinned base)"
+    )
     p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
     p.add_argument("--manifest", help="its manifest (default: <patches-dir>/series.json)")
     p.set_defaults(func=run)

@@ -256,7 +256,9 @@ def _refuse_uncommitted_patches(patch_dir: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
-    repo = g.toplevel(Path(args.vllm)) if args.vllm else default_checkout()
+    if args.vllm and not g.is_repo(args.vllm):
+        raise SeriesError(f"{hints.no_checkout(args.vllm)}: VLLM= must name a vLLM git checkout")
+    repo = g.toplevel(args.vllm) if args.vllm else default_checkout()
     if not repo.exists():
         raise SeriesError(
             f"{repo} does not exist; run `{hints.make('apply')}` first, or name the checkout"
@@ -268,7 +270,9 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="write a branch back into patches/")
-    p.add_argument("--vllm", help="vLLM checkout (default: work/vllm from make apply)")
+    p.add_argument(
+        "--vllm", type=hints.user_path, help="vLLM checkout (default: work/vllm from make apply)"
+    )
     p.add_argument("--branch", help="branch to export (default: the series branch)")
     p.add_argument("--base", help="commit the branch is based on (default: pinned base)")
     p.set_defaults(func=run)

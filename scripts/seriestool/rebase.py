@@ -421,7 +421,7 @@ def _start(
     new_commit: str | None = None
     if vllm is not None:
         if not g.is_repo(Path(vllm)):
-            raise SeriesError(f"--vllm {vllm} is not a git checkout; pass VLLM=/path/to/vllm")
+            raise SeriesError(f"{hints.no_checkout(Path(vllm))}; pass VLLM=/path/to/vllm")
         user = g.toplevel(Path(vllm))
         candidates = [to] + ([f"v{version}"] if version and not to.startswith("v") else [])
         new_commit = next((c for ref in candidates if (c := g.rev(user, ref))), None)
@@ -1321,6 +1321,7 @@ def register(subparsers) -> None:
     p.add_argument("--to", help="vLLM version (PyPI sdist) or commit/tag (needs --vllm)")
     p.add_argument(
         "--vllm",
+        type=hints.user_path,
         help="checkout containing the commit (and, with --keep-conflict, where a"
         " conflict is left for resolution)",
     )

@@ -33,7 +33,7 @@ def restore(repo: Path, force: bool = False, log=print) -> int:
             interrupted command could not have made.
     """
     if not g.is_repo(repo):
-        raise SeriesError(f"{repo} is not a git checkout: VLLM= must name the checkout to restore")
+        raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name the checkout to restore")
     tx = journal.Transaction.load(repo)
     if tx is None:
         log(f"nothing to restore in {repo}: no interrupted change is recorded there")
@@ -70,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("restore", help="undo what an interrupted apply left in a checkout")
-    p.add_argument("--vllm", help="the checkout (default: work/vllm, the one `make apply` makes)")
+    p.add_argument(
+        "--vllm",
+        type=hints.user_path,
+        help="the checkout (default: work/vllm, the one `make apply` makes)",
+    )
     p.add_argument(
         "--force",
         action="store_true",
