@@ -164,12 +164,20 @@ def _apply(
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
     if differ:
+        b = manifest.base
+        materialised = base_mod.base_repo_path(b.project, b.version)
         raise SeriesError(
-            f"{repo} is not at the pinned base {manifest.base.project} "
-            f"{manifest.base.version} (upstream {manifest.base.upstream_commit}):\n  "
+            f"{repo} is not at the pinned base {b.project} {b.version} (upstream"
+            f" {b.upstream_commit}):\n  "
             + "\n  ".join(differ)
-            + "\nCheck out that revision, or carry the series to this checkout's HEAD with\n"
-            + "    "
+            + f"\nThe series applies to the base commit {b.commit} (`base.commit` in"
+            f" {_manifest_name(patch_dir)}), materialised from the sdist {b.sdist.filename}"
+            " by `make base` (cached, under work/; `make apply` without VLLM= uses a clone"
+            " of it).  Check it out here with\n    "
+            + hints.git(repo, "fetch", str(materialised), b.commit)
+            + " && "
+            + hints.git(repo, "checkout", b.commit)
+            + "\n(after `make base`), or carry the series to this checkout's HEAD with\n    "
             + hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
         )
 
@@ -217,6 +225,12 @@ def _apply(
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
     log(summary)
     return 0
+
+
+def _manifest_name(patch_dir: Path) -> str:
+    """The manifest as a user would name it: ``patches/series.json`` for the default folder."""
+    default = patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve()
+    return "patches/series.json" if default else str(patch_dir / "series.json")
 
 
 def _patches_arg(patch_dir: Path) -> str | None:

@@ -87,6 +87,10 @@ def test_wrong_base_is_refused_naming_files_and_rebase(toy_series):
         _apply(repo, manifest, patch_dir)
     assert "pkg/loader.py" in str(err.value)
     assert f" rebase TO={repo.head()[:12]} VLLM={repo.path}" in str(err.value)
+    # The materialised base commit, not only the upstream one, and how to get it.
+    assert f"base commit {manifest.base.commit} (`base.commit` in" in str(err.value)
+    assert "`make base`" in str(err.value)
+    assert f"checkout {manifest.base.commit}" in str(err.value)
     assert "tests/test_first.py" not in str(err.value)  # absent in both: fine
     assert snapshot(repo) == before
 
