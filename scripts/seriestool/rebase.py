@@ -213,11 +213,15 @@ class Session:
         """A ``make rebase`` command carrying this session's checkout and options."""
         default = Path(self.patch_dir) == manifest_mod.PATCH_DIR.resolve()
         args = " ".join(shlex.quote(f"--pip-arg={a}") for a in self.pip_args)
-        return hints.make(
-            "rebase", **variables, VLLM=self.vllm or None,
-            NOTEST="1" if self.skip_tests else None,
-            PATCHES=None if default else self.patch_dir, ARGS=args or None,
-        )  # fmt: skip
+        session = {
+            "VLLM": self.vllm or None,
+            "NOTEST": "1" if self.skip_tests else None,
+            "PATCHES": None if default else self.patch_dir,
+            "ARGS": args or None,
+        }
+        # The caller's variables first, as typed; the session's fill in the rest.
+        return hints.make("rebase", **variables, **{k: v for k, v in session.items()
+                                                     if k not in variables})  # fmt: skip
 
 
 def state_path() -> Path:
@@ -1131,11 +1135,25 @@ def _finish(
             _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written",
                           log, range_diff)  # fmt: skip
             sess.save()
+        steps = [
+            line[len(seriestest.FAILED_STEP) :]
+            for line in sess.tests.splitlines()
+            if line.startswith(seriestest.FAILED_STEP)
+        ]
+        if sess.keep:
+            after = (
+                f"fix the environment and run\n    {hints.make('rebase', CONTINUE='1')}\nor"
+                f" give up with\n    {hints.make('rebase', ABORT='1')}\nor finish without"
+                f" the tests with\n    {hints.make('rebase', CONTINUE='1', NOTEST='1')}"
+            )
+        else:
+            after = f"to rebase without the tests, run\n    {sess.make(TO=sess.to, NOTEST='1')}"
         raise SeriesError(
             f"the rebased series' tests did not pass on {sess.target['version']}"
-            f" ({sess.tests.splitlines()[0]}); nothing was written into {sess.patch_dir}."
-            f" report: {sess.report_path}"
-            + ("\nfix the environment and run CONTINUE=1, or ABORT=1" if sess.keep else "")
+            f" ({sess.tests.splitlines()[0]}):\n  "
+            + "\n  ".join(steps or ["see the report"])
+            + f"\nnothing was written into {sess.patch_dir}. report: {sess.report_path}\n"
+            + after
         )
 
     patch_dir = Path(sess.patch_dir)
@@ -1206,9 +1224,14 @@ def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tupl
             rc = seriestest.check_prefixes(manifest, sess.staging, **kwargs)
     except SeriesError as e:
         return False, f"could not run: {e}"
-    tail = "\n".join(captured.getvalue().rstrip().splitlines()[-30:])
+    lines = captured.getvalue().rstrip().splitlines()
+    tail = "\n".join(lines[-30:])
+    # The failed steps, kept whole however long the output before them.
+    steps = [line for line in lines[:-30] if line.startswith(seriestest.FAILED_STEP)]
     verdict = "passed" if rc == 0 else f"FAILED (exit {rc})"
-    return rc == 0, f"{verdict}: seriestest.check_prefixes\n\n```\n{tail}\n```"
+    return rc == 0, "\n".join(
+        [f"{verdict}: seriestest.check_prefixes", *steps, "", "```", tail, "```"]
+    )
 
 
 # --------------------------------------------------------------------------
