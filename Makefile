@@ -18,6 +18,7 @@ ABORT ?=
 KEEP ?=
 NOTEST ?=
 JSON ?=
+FORCE ?=
 # Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
 ARGS ?=
 
@@ -52,7 +53,7 @@ check: venv
 rebase: $(if $(ABORT),,venv)
 	$(SERIES) rebase $(call opt,--to,TO) $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES) \
 		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(KEEP),--keep-conflict) \
-		$(if $(NOTEST),--skip-tests) $(ARGS)
+		$(if $(NOTEST),--skip-tests) $(if $(FORCE),--force) $(ARGS)
 
 # Silent recipe: with JSON=1, stdout is the report alone.  No `make venv`: with
 # each version's base cached under work/base (or in VLLM=) compare only reads
@@ -64,8 +65,9 @@ compare:
 		$(call opt,--draft,DRAFT) $(if $(JSON),--json) $(ARGS)
 
 # Undo what an interrupted `make apply` left in VLLM= (it prints this command).
+# FORCE=1: also when the checkout changed since in ways apply could not have made.
 restore:
-	@PYTHONPATH=scripts python3 -m seriestool restore $(call opt,--vllm,VLLM)
+	@PYTHONPATH=scripts python3 -m seriestool restore $(call opt,--vllm,VLLM) $(if $(FORCE),--force)
 
 test: venv check-manifest lint test-tooling test-series
 

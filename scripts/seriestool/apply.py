@@ -131,7 +131,7 @@ def _apply(
 ) -> int:
     if not g.is_repo(repo):
         raise SeriesError(
-            f"{repo} is not a git checkout: VLLM= must name the top of a vLLM git checkout"
+            f"{hints.no_checkout(repo)}: VLLM= must name the top of a vLLM git checkout"
         )
     problems = check_manifest.problems(manifest, patch_dir)
     if problems:
@@ -164,12 +164,20 @@ def _apply(
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
     if differ:
+        b = manifest.base
+        materialised = base_mod.base_repo_path(b.project, b.version)
         raise SeriesError(
-            f"{repo} is not at the pinned base {manifest.base.project} "
-            f"{manifest.base.version} (upstream {manifest.base.upstream_commit}):\n  "
+            f"{repo} is not at the pinned base {b.project} {b.version} (upstream"
+            f" {b.upstream_commit}):\n  "
             + "\n  ".join(differ)
-            + "\nCheck out that revision, or carry the series to this checkout's HEAD with\n"
-            + "    "
+            + f"\nThe series applies to the base commit {b.commit} (`base.commit` in"
+            f" {_manifest_name(patch_dir)}), materialised from the sdist {b.sdist.filename}"
+            " by `make base` (cached, under work/; `make apply` without VLLM= uses a clone"
+            " of it).  Check it out here with\n    "
+            + hints.git(repo, "fetch", str(materialised), b.commit)
+            + " && "
+            + hints.git(repo, "checkout", b.commit)
+            + "\n(after `make base`), or carry the series to this checkout's HEAD with\n    "
             + hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
         )
 
@@ -192,7 +200,12 @@ def _apply(
 
     tip, commits = _build(repo, head, patches, images, states[-1], paths)
     summary = _summary(manifest, commits, "applied")
-    tx = journal.Transaction.begin(repo, "apply", {p: {states[-1][p]} for p in created})
+    scope = journal.Scope(
+        paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
+        refs={f"refs/heads/{branch}": [tip]},
+        config={f"branch.{branch}.{SERIES_BASE_KEY}": head},
+    )
+    tx = journal.Transaction.begin(repo, "apply", {p: {states[-1][p]} for p in created}, scope)
     try:
         g.git(repo, "update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)
         g.git(repo, "config", f"branch.{branch}.{SERIES_BASE_KEY}", head)
@@ -212,6 +225,12 @@ def _apply(
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
     log(summary)
     return 0
+
+
+def _manifest_name(patch_dir: Path) -> str:
+    """The manifest as a user would name it: ``patches/series.json`` for the default folder."""
+    default = patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve()
+    return "patches/series.json" if default else str(patch_dir / "series.json")
 
 
 def _patches_arg(patch_dir: Path) -> str | None:
@@ -303,7 +322,9 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("apply", help="apply the series onto the pinned base or VLLM")
-    p.add_argument("--vllm", help="vLLM checkout (default: materialise the pinned base)")
+    p.add_argument(
+        "--vllm", type=hints.user_path, help="vLLM checkout (default: materialise the pinned base)"
+    )
     p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
     p.add_argument("--manifest", help="its manifest (default: <patches-dir>/series.json)")
     p.set_defaults(func=run)

@@ -866,7 +866,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--vllm",
         metavar="PATH",
-        type=Path,
+        type=hints.user_path,
         help="repository holding it (default: work/vllm, the checkout `make apply` makes)",
     )
     p.add_argument(

@@ -8,12 +8,18 @@ when the recorded touched files are not the files the patches touch, or when
 ``"series"."previous"`` names a subject that is none of the patches' (a
 manifest read from disk is refused for that already, naming the subject).
 
+When ``SERIES.md`` sits beside the patch folder (the repository's root, next
+to ``patches/``), its "Stable patch IDs" table and the subjects of its "Order
+and why" table must be the manifest's too: a row that differs, is missing or
+names no patch is an error naming the patch and both values.
+
 Runs with the system Python alone (``make check-manifest`` needs no .venv).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from . import hints, patchset
@@ -73,15 +79,73 @@ def problems(
     return found
 
 
+SERIES_DOC = "SERIES.md"
+# The reviewer's document's tables the manifest must agree with: section
+# title -> (what the second column holds, the manifest field it must equal).
+_DOC_TABLES = {
+    "Stable patch IDs": ("stable patch ID", "patch_id"),
+    "Order and why": ("subject", "subject"),
+}
+_ROW = re.compile(r"^\|\s*(\d{4})\s*\|\s*`([^`]*)`\s*\|")
+
+
+def _doc_rows(text: str, title: str) -> dict[str, str] | None:
+    """``number -> value`` of the table in section ``## title`` (None: no such section)."""
+    lines = text.splitlines()
+    try:
+        start = lines.index(f"## {title}") + 1
+    except ValueError:
+        return None
+    rows: dict[str, str] = {}
+    for line in lines[start:]:
+        if line.startswith("## "):
+            break
+        if match := _ROW.match(line):
+            rows[match[1]] = match[2]
+    return rows
+
+
+def doc_problems(manifest: manifest_mod.Manifest, doc: Path) -> list[str]:
+    """Where ``doc`` (SERIES.md) disagrees with ``manifest``: its stable patch
+    IDs and the subjects of its order table, per patch number."""
+    text = doc.read_text(encoding="utf-8")
+    patches = {entry.file[:4]: entry for entry in manifest.patches}
+    found = []
+    for title, (what, field) in _DOC_TABLES.items():
+        rows = _doc_rows(text, title)
+        if rows is None:
+            found.append(f"{doc.name}: no section '## {title}'")
+            continue
+        for number, entry in patches.items():
+            recorded = getattr(entry, field)
+            if number not in rows:
+                found.append(
+                    f"{doc.name}: '{title}' has no row for {entry.file}"
+                    f" (manifest {what} {recorded!r})"
+                )
+            elif rows[number] != recorded:
+                found.append(
+                    f"{doc.name}: '{title}' gives {entry.file} the {what} {rows[number]!r},"
+                    f" the manifest {recorded!r}"
+                )
+        for number in sorted(set(rows) - set(patches)):
+            found.append(f"{doc.name}: '{title}' lists patch {number}, which the manifest has not")
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     manifest_path = Path(args.manifest) if args.manifest else manifest_mod.MANIFEST_PATH
     patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_path.parent
     manifest = manifest_mod.load(manifest_path)
     found = problems(manifest, patch_dir)
+    doc = patch_dir.resolve().parent / SERIES_DOC
+    if doc.is_file():
+        found += doc_problems(manifest, doc)
     for line in found:
         print(f"error: {line}")
     if not found:
-        print(f"manifest ok: {len(manifest.patches)} patches, IDs and files agree")
+        agree = f"IDs and files agree{' with ' + SERIES_DOC if doc.is_file() else ''}"
+        print(f"manifest ok: {len(manifest.patches)} patches, {agree}")
     return 1 if found else 0
 
 

@@ -8,6 +8,8 @@ arguments and returning an exit status.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from .errors import SeriesError
@@ -45,10 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit status of a command whose reader went away (`... | head`), as a
+# shell reports a program that SIGPIPE ended: 128 + 13.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        finally:
+            sys.stdout.flush()  # a broken pipe shows here, not at interpreter exit
     except SeriesError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        # The reader of stdout has gone (`make -s compare | head`): stop quietly,
+        # as a program that SIGPIPE ends.  Python would flush stdout again at
+        # exit and report that failure too: point stdout at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE

@@ -356,7 +356,7 @@ def _base_commit(
     b = manifest.base
     if vllm is not None:
         if g.git(vllm, "rev-parse", "--git-dir", check=False).returncode != 0:
-            raise SeriesError(f"--vllm {vllm} is not a git repository")
+            raise SeriesError(f"{hints.no_checkout(vllm)}: VLLM= must name a vLLM git checkout")
         found = g.rev(vllm, b.commit) if b.commit else None
         if found:
             return vllm, found
@@ -743,7 +743,7 @@ def register(subparsers) -> None:
     p.add_argument("--draft", type=Path, metavar="FILE", help="write the changelog draft to FILE")
     p.add_argument(
         "--vllm",
-        type=Path,
+        type=hints.user_path,
         metavar="PATH",
         help="a checkout holding the bases (default: materialise each from its sdist)",
     )

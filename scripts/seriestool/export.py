@@ -21,9 +21,12 @@ any more): those are dropped, with a note.
 
 Refusals, each changing nothing: an empty range (it would delete the series),
 a merge in the range, uncommitted changes under ``patches/`` (they would be
-overwritten), and a commit message that would not survive ``git am`` (git's
-``mailinfo`` ends a message at a line ``---``, so a Markdown-style underline
-would silently cut the rest of the message on the next apply).
+overwritten), an empty commit (``git am`` stops at an empty patch), and a
+commit message that would not survive ``git am``: a subject ``git mailinfo``
+rewrites (a leading ``Re:`` or ``[PATCH ...]`` tag, whitespace around it),
+or a body it cuts (it ends a message at a line ``---`` or one starting
+``diff -``, so a Markdown-style underline would silently cut the rest of the
+message on the next apply).
 """
 
 from __future__ import annotations
@@ -81,25 +84,64 @@ def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]
 def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
     """Refuse a commit whose message ``git am`` would not reproduce.
 
-    Compares the commit's body with what ``git mailinfo`` (the parser behind
-    ``git am``) extracts from the patch file.
+    Compares the commit's subject and body with what ``git mailinfo`` (the
+    parser behind ``git am``, with the ``--keep-non-patch`` the series is
+    applied with) extracts from the patch file.
 
     Raises:
-        SeriesError: naming the commit and the line where the message is cut.
+        SeriesError: the commit is empty (git am stops at an empty patch), or
+            git am would rewrite its subject or cut its body; naming the
+            commit, what git am would make of it, and the fix.
     """
+    what = f"commit {commit[:12]} ({patch.name})"
+    if g.out(repo, "rev-parse", f"{commit}^{{tree}}") == g.out(
+        repo, "rev-parse", f"{commit}^^{{tree}}"
+    ):
+        raise SeriesError(
+            f"{what} is empty: it changes no file, and git am stops at an empty patch;"
+            " drop it from the branch (e.g. with `git rebase -i`) and export again"
+        )
+    raw = g.out(repo, "cat-file", "commit", commit).split("\n\n", 1)[1]
+    subject = " ".join(raw.split("\n\n", 1)[0].split("\n"))
     body = g.out(repo, "log", "-1", "--no-notes", "--format=%b", commit).strip()
     with tempfile.TemporaryDirectory(prefix="mailinfo-") as tmp:
         msg, rest = Path(tmp) / "msg", Path(tmp) / "patch"
-        g.git(repo, "mailinfo", "-b", "--no-scissors", str(msg),
-              str(rest), input=patch.read_text())  # fmt: skip
+        info = g.out(repo, "mailinfo", "-b", "--no-scissors", str(msg),
+                     str(rest), input=patch.read_text())  # fmt: skip
         parsed = msg.read_text().strip()
+    parsed_subject = next(
+        (line[len("Subject: ") :] for line in info.splitlines() if line.startswith("Subject: ")),
+        "",
+    )
+    if parsed_subject != subject:
+        raise SeriesError(
+            f"the subject of {what} would be rewritten by git am: {subject!r} becomes"
+            f" {parsed_subject!r} (git am drops a leading `Re:` and `[PATCH ...]` tags, and"
+            " whitespace around the subject); reword the commit (e.g. `git commit --amend`,"
+            " or `reword` in `git rebase -i`) to a subject git am keeps, and export again"
+        )
     if parsed != body:
         cut = body[len(parsed) :].strip().splitlines()[:1] if body.startswith(parsed) else []
         where = f" at the line {cut[0]!r}" if cut else ""
+        if cut and cut[0].startswith("diff -"):
+            why = (
+                "git am takes a line starting `diff -` as the start of the patch and ends the"
+                " message there; reword or indent that line"
+            )
+        elif cut and cut[0].startswith("Index: "):
+            why = (
+                "git am takes a line starting `Index: ` as the start of the patch and ends"
+                " the message there; reword or indent that line"
+            )
+        elif cut and cut[0].startswith("---"):
+            why = (
+                "git ends a message at a line `---`; reword it (e.g. headings without a"
+                " `---` underline)"
+            )
+        else:
+            why = "git am would not reproduce the message; reword it"
         raise SeriesError(
-            f"the message of commit {commit[:12]} ({patch.name}) would be cut by git am"
-            f"{where}: git ends a message at a line `---`; reword it (e.g. headings"
-            " without a `---` underline) and export again"
+            f"the message of {what} would be cut by git am{where}: {why} and export again"
         )
 
 
@@ -214,7 +256,9 @@ def _refuse_uncommitted_patches(patch_dir: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
-    repo = g.toplevel(Path(args.vllm)) if args.vllm else default_checkout()
+    if args.vllm and not g.is_repo(args.vllm):
+        raise SeriesError(f"{hints.no_checkout(args.vllm)}: VLLM= must name a vLLM git checkout")
+    repo = g.toplevel(args.vllm) if args.vllm else default_checkout()
     if not repo.exists():
         raise SeriesError(
             f"{repo} does not exist; run `{hints.make('apply')}` first, or name the checkout"
@@ -226,7 +270,9 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="write a branch back into patches/")
-    p.add_argument("--vllm", help="vLLM checkout (default: work/vllm from make apply)")
+    p.add_argument(
+        "--vllm", type=hints.user_path, help="vLLM checkout (default: work/vllm from make apply)"
+    )
     p.add_argument("--branch", help="branch to export (default: the series branch)")
     p.add_argument("--base", help="commit the branch is based on (default: pinned base)")
     p.set_defaults(func=run)

@@ -7,6 +7,7 @@ each value (a path with spaces stays one word).
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -22,3 +23,20 @@ def make(target: str, **variables: str | None) -> str:
 def git(repo: Path | str, *args: str) -> str:
     """``git -C <repo> args...``."""
     return " ".join(["git", "-C", shlex.quote(str(repo)), *(shlex.quote(a) for a in args)])
+
+
+def user_path(value: str) -> Path:
+    """A path the user gave (``VLLM=``), a leading ``~`` expanded: make passes
+    the value quoted, so no shell expanded it."""
+    return Path(os.path.expanduser(value))
+
+
+def no_checkout(path: Path) -> str:
+    """Says that ``path`` is no git checkout, naming a relative path with its
+    absolute one too (make runs in the tooling folder: a relative ``VLLM=``
+    is taken from there, not from where make was started with ``-C``)."""
+    path = Path(path)
+    shown = str(path) if path.is_absolute() else f"{path} (that is {path.resolve()})"
+    return (
+        f"{shown} does not exist" if not os.path.lexists(path) else f"{shown} is not a git checkout"
+    )

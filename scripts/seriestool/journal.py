@@ -2,33 +2,43 @@
 
 A ``Transaction`` writes a journal into the checkout's git folder
 (``<git dir>/seriestool-journal/``) before its first change: the raw bytes of
-HEAD, ORIG_HEAD, the index and the config, every ref, and the paths the
-change may create.  ``rollback()`` puts all of it back:
+HEAD, ORIG_HEAD, the index and the config, every ref, the paths the change
+may create, and its ``Scope``: what the change may do (the tracked paths it
+may write and with what, the refs it may create or move, the config keys it
+may set, whether it runs ``git am`` there).  ``rollback()`` puts it all back:
 
-- the work tree: every tracked file that differs from the saved index is
-  checked out again from it (with the repository's own conversions, as git
-  first wrote it); a path the transaction created is removed when git wrote
-  it (it is in the index, or holds a blob the change writes there), and the
-  folders made for it when empty.  Untracked and ignored files are never
-  touched: the caller refused to start when one was in the way;
+- the work tree: every tracked file whose content differs from the saved
+  index is checked out again from it (with the repository's own
+  conversions, as git first wrote it); a path the transaction created is
+  removed when git wrote it (it is in the index, or holds a blob the change
+  writes there), and the folders made for it when empty.  Untracked and
+  ignored files are never touched: the caller refused to start when one was
+  in the way;
 - the index, HEAD, ORIG_HEAD and config: their saved bytes;
 - refs: those made since are deleted, those moved are put back;
 - an am session and lock files that git left there are removed.
 
 ``commit()`` removes the journal: the change stands.  A journal found later
 (the tool was killed) is a leftover: ``refuse_leftover`` names the one
-command that rolls it back (``seriestool restore``).  Objects written into
-the repository are not removed: unreferenced, they change nothing and git
-prunes them.
+command that rolls it back (``seriestool restore``).  By then the user may
+have worked in the checkout: ``foreign_changes()`` lists what changed that
+the change could not have made (a ref outside its scope created or moved,
+HEAD on another branch, the config edited, a tracked file outside its
+paths modified, content it never writes), and ``refuse_foreign_changes``
+refuses a rollback that would undo those too, unless the user forces it.
+Objects written into the repository are not removed: unreferenced, they
+change nothing and git prunes them.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from . import git as g
@@ -41,9 +51,25 @@ _GIT_LEFTOVERS = ("rebase-apply", "AUTO_MERGE", "MERGE_MSG", "index.lock", "HEAD
                   "ORIG_HEAD.lock", "config.lock", "packed-refs.lock")  # fmt: skip
 
 
-def restore_command(repo: Path) -> str:
-    """The command that rolls back an interrupted change of ``repo``."""
-    return hints.make("restore", VLLM=str(repo))
+def restore_command(repo: Path, force: bool = False) -> str:
+    """The command that rolls back an interrupted change of ``repo`` (``force``:
+    also when the checkout changed since in ways the change could not have made)."""
+    return hints.make("restore", VLLM=str(repo), FORCE="1" if force else None)
+
+
+@dataclasses.dataclass
+class Scope:
+    """What a change may do to a checkout: what a rollback undoes without asking."""
+
+    # Tracked paths it may write, each with the blob ids it may write there
+    # (None: any content, e.g. a `git am` merge the user then resolves).
+    paths: dict[str, list[str] | None] = dataclasses.field(default_factory=dict)
+    # Refs it may create or move (HEAD may then point at one), each with the
+    # commits it may leave there (None: any).
+    refs: dict[str, list[str] | None] = dataclasses.field(default_factory=dict)
+    # Config keys it may set, each with its value.
+    config: dict[str, str] = dataclasses.field(default_factory=dict)
+    am: bool = False  # it runs `git am` in the checkout
 
 
 @dataclasses.dataclass
@@ -59,6 +85,9 @@ class Journal:
     created: dict[str, list[str]]  # path -> blob ids the change may write there
     created_dirs: list[str]
     had_index: bool
+    # A journal written before scopes were recorded has the empty scope: every
+    # change it finds is then foreign, and restoring it needs FORCE=1.
+    scope: Scope = dataclasses.field(default_factory=Scope)
 
 
 def pid_alive(pid: int) -> bool:
@@ -128,11 +157,12 @@ class Transaction:
         self.dir = git_dir / JOURNAL
 
     @classmethod
-    def begin(cls, repo: Path, op: str, created: dict[str, set[str]]) -> Transaction:
+    def begin(cls, repo: Path, op: str, created: dict[str, set[str]], scope: Scope) -> Transaction:
         """Journal ``repo``'s state before ``op`` changes it.
 
         ``created``: paths HEAD lacks that the change may write, each with the
         blob ids it may write there; the caller checked they are free.
+        ``scope``: all the change may do (``created`` among its paths).
         """
         repo = g.toplevel(repo)
         gdir, cdir = g.git_dir(repo), g.common_dir(repo)
@@ -149,6 +179,7 @@ class Transaction:
             created={path: sorted(blobs) for path, blobs in created.items()},
             created_dirs=_missing_dirs(repo, created),
             had_index=index.exists(),
+            scope=scope,
         )
         # No git call from here on: nothing can interrupt the journal half-written.
         folder = gdir / JOURNAL
@@ -177,18 +208,9 @@ class Transaction:
         if not data.exists():
             shutil.rmtree(folder)
             return None
-        return cls(g.toplevel(repo), Journal(**json.loads(data.read_text())), gdir,
-                   g.common_dir(repo))  # fmt: skip
-
-    def add_created(self, created: dict[str, set[str]]) -> None:
-        """More paths the change may create (checked free by the caller)."""
-        for path, blobs in created.items():
-            known = set(self.journal.created.get(path, [])) | set(blobs)
-            self.journal.created[path] = sorted(known)
-        dirs = set(self.journal.created_dirs) | set(_missing_dirs(self.repo, created))
-        self.journal.created_dirs = sorted(dirs, key=lambda d: (-d.count("/"), d))
-        _write_atomic(self.dir / "journal.json",
-                      json.dumps(dataclasses.asdict(self.journal)).encode())  # fmt: skip
+        fields = json.loads(data.read_text())
+        fields["scope"] = Scope(**fields.get("scope", {}))
+        return cls(g.toplevel(repo), Journal(**fields), gdir, g.common_dir(repo))
 
     def commit(self) -> None:
         """The change stands: drop the journal."""
@@ -197,11 +219,148 @@ class Transaction:
     def rollback(self, keep_refs=()) -> list[str]:
         """Put the checkout back as journaled; returns notes on anything left.
 
-        ``keep_refs``: refs the change made that stay (e.g. a branch holding a
-        finished rebase).
+        It undoes whatever changed since the journal, the change's work or
+        not: where the user may have worked since (a leftover journal), call
+        ``refuse_foreign_changes`` first.  ``keep_refs``: refs the change made
+        that stay (e.g. a branch holding a finished rebase).
         """
         with interrupts.shielded():
             return self._rollback(set(keep_refs))
+
+    def refuse_foreign_changes(self, force_command: str) -> None:
+        """Refuse when a rollback would undo more than the change's own work.
+
+        Raises:
+            SeriesError: the checkout changed in ways the change could not
+                have made; the message lists them and ``force_command``, the
+                command that rolls back anyway.  Nothing is changed.
+        """
+        found = self.foreign_changes()
+        if found:
+            op = self.journal.op
+            raise SeriesError(
+                f"{self.repo} changed since the interrupted {op} in ways that {op} could not"
+                " have made:\n  " + "\n  ".join(found) + "\nRestoring would undo these too,"
+                f" so nothing was changed (the journal {self.dir} is kept).  Undo them"
+                " yourself and run the command again, or restore anyway, losing them, with:"
+                f"\n    {force_command}"
+            )
+
+    def foreign_changes(self) -> list[str]:
+        """What changed since the journal that its change could not have made
+        (empty: a rollback undoes the change's own work and nothing else)."""
+        with tempfile.TemporaryDirectory(prefix="seriestool-journal-") as tmp:
+            return (
+                self._foreign_head_and_refs()
+                + self._foreign_config(Path(tmp))
+                + self._foreign_index()
+                + self._foreign_files(self._changed_files(Path(tmp)))
+            )
+
+    def _foreign_head_and_refs(self) -> list[str]:
+        j, scope, op = self.journal, self.journal.scope, self.journal.op
+        found = []
+        head = (self.git_dir / "HEAD").read_text().strip()
+        if head != j.head_raw.strip() and head.removeprefix("ref: ") not in scope.refs:
+            found.append(
+                f"HEAD: on {head[5:]}, a branch the {op} does not use"
+                if head.startswith("ref: ")
+                else f"HEAD: detached at {head[:12]}"
+            )
+        now = _refs(self.repo)
+        for ref in sorted(set(now) | set(j.refs)):
+            was, is_ = j.refs.get(ref), now.get(ref)
+            allowed = scope.refs.get(ref, [])
+            if was == is_ or (ref in scope.refs and (allowed is None or is_ in [None, *allowed])):
+                continue
+            if was is None:
+                found.append(f"{ref}: created (at {is_[:12]})")
+            elif is_ is None:
+                found.append(f"{ref}: deleted (was at {was[:12]})")
+            else:
+                found.append(f"{ref}: moved from {was[:12]} to {is_[:12]}")
+        running = g.operation_in_progress(self.repo)
+        if running and not (scope.am and running in ("git am", "git rebase (apply backend)")):
+            found.append(f"a {running} is in progress")
+        return found
+
+    def _foreign_config(self, tmp: Path) -> list[str]:
+        """The config is the saved one, or the saved one with the scope's keys set."""
+        config, saved = self.common_dir / "config", self.dir / "config"
+        now = config.read_bytes()
+        if now == saved.read_bytes():
+            return []
+        expected = tmp / "config"
+        shutil.copyfile(saved, expected)
+        scope = self.journal.scope.config
+        entries = _config_entries(self.repo, config)
+        for key, value in scope.items():
+            if [v for k, v in entries if k == _canonical(key)] == [value]:
+                g.git(self.repo, "config", "--file", str(expected), key, value)
+        if expected.read_bytes() == now:
+            return []
+        before = collections.Counter(_config_entries(self.repo, saved))
+        after = collections.Counter(_config_entries(self.repo, config))
+        keys = {key for key, _ in (before - after) + (after - before)}
+        keys -= {_canonical(key) for key in scope}
+        was, is_ = {k for k, _ in before}, {k for k, _ in after}
+        return [
+            f"config: {key} " + ("added" if key not in was else "removed" if key not in is_
+                                 else "changed")
+            for key in sorted(keys)
+        ] or ["config: edited (comments or layout)"]  # fmt: skip
+
+    def _foreign_index(self) -> list[str]:
+        scope = self.journal.scope
+        now = _index_entries(self.repo, None)
+        before = _index_entries(self.repo, self.dir / "index") if self.journal.had_index else {}
+        found = []
+        for path in sorted(set(now) | set(before)):
+            if now.get(path) == before.get(path):
+                continue
+            allowed = scope.paths.get(path, [])
+            if path in scope.paths and (
+                allowed is None or all(stage == "0" and oid in allowed
+                                       for _mode, oid, stage in now.get(path, ()))
+            ):  # fmt: skip
+                continue
+            what = "added" if path not in before else "removed" if path not in now else "changed"
+            found.append(f"{path}: {what} in the index")
+        return found
+
+    def _foreign_files(self, changed: list[str]) -> list[str]:
+        """Of the tracked files whose content differs from the saved index, those
+        the change does not write, or holding content it does not write."""
+        scope, op = self.journal.scope, self.journal.op
+        found = []
+        for path in changed:
+            full = self.repo / path
+            if path not in scope.paths:
+                what = "modified" if os.path.lexists(full) else "deleted"
+                found.append(f"{path}: {what} (the {op} does not write this file)")
+                continue
+            allowed = scope.paths[path]
+            if allowed is None or not os.path.lexists(full):
+                continue
+            if full.is_dir() and not full.is_symlink():
+                found.append(f"{path}: a folder now")
+            elif _blob_of(self.repo, path) not in allowed:
+                found.append(f"{path}: modified (content the {op} does not write)")
+        return found
+
+    def _changed_files(self, tmp: Path) -> list[str]:
+        """Tracked files (of the saved index) whose content differs from it.
+
+        Read with a refreshed copy of the saved index, left in ``tmp/index``:
+        file stats alone (a copied checkout, a touched file) do not count.
+        """
+        if not self.journal.had_index:
+            return []
+        shutil.copyfile(self.dir / "index", tmp / "index")
+        env = {"GIT_INDEX_FILE": str(tmp / "index")}
+        g.git(self.repo, "update-index", "-q", "--refresh", env=env, check=False)
+        changed = g.out(self.repo, "diff-files", "--name-only", "-z", env=env)
+        return [p for p in changed.split("\0") if p]
 
     def _rollback(self, keep_refs: set[str]) -> list[str]:
         j, repo, gdir = self.journal, self.repo, self.git_dir
@@ -211,7 +370,8 @@ class Transaction:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         for lock in (self.common_dir / "refs").rglob("*.lock"):
             lock.unlink()
-        notes = self._restore_work_tree()
+        with tempfile.TemporaryDirectory(prefix="seriestool-journal-") as tmp:
+            notes = self._restore_work_tree(Path(tmp))
         if j.had_index:
             _write_atomic(gdir / "index", (self.dir / "index").read_bytes())
         else:
@@ -235,18 +395,15 @@ class Transaction:
         shutil.rmtree(self.dir)
         return notes
 
-    def _restore_work_tree(self) -> list[str]:
+    def _restore_work_tree(self, tmp: Path) -> list[str]:
         """Tracked files back as the saved index has them; created paths removed."""
         j, repo = self.journal, self.repo
         notes = []
-        if j.had_index:
-            # A copy: diff-files and checkout-index must not rewrite the saved one.
-            work_index = self.dir / "index.work"
-            shutil.copy2(self.dir / "index", work_index)
-            env = {"GIT_INDEX_FILE": str(work_index)}
-            changed = g.out(repo, "diff-files", "--name-only", "-z", env=env)
-            if changed:
-                g.git(repo, "checkout-index", "-f", "-q", "-z", "--stdin", input=changed, env=env)
+        changed = self._changed_files(tmp)
+        if changed:
+            env = {"GIT_INDEX_FILE": str(tmp / "index")}
+            g.git(repo, "checkout-index", "-f", "-q", "-z", "--stdin",
+                  input="\0".join(changed) + "\0", env=env)  # fmt: skip
         existing = [p for p in j.created if os.path.lexists(repo / p)]
         if existing:
             indexed = set(g.out(repo, "ls-files", "-z", "--", *[f":(literal){p}" for p in existing])
@@ -258,8 +415,7 @@ class Transaction:
                     continue
                 written = path in indexed
                 if not written and not full.is_symlink():
-                    blob = g.out(repo, "hash-object", f"--path={path}", "--", str(full))
-                    written = blob in j.created[path]
+                    written = _blob_of(repo, path) in j.created[path]
                 if written:
                     full.unlink()
                 else:
@@ -268,6 +424,39 @@ class Transaction:
             with contextlib.suppress(OSError):  # not empty: something else is in it
                 (repo / folder).rmdir()
         return notes
+
+
+def _blob_of(repo: Path, path: str) -> str:
+    """The blob id git would record for the work-tree file (or link) at ``path``."""
+    full = repo / path
+    if full.is_symlink():
+        return g.out(repo, "hash-object", "--stdin", input=os.readlink(full))
+    return g.out(repo, "hash-object", f"--path={path}", "--", str(full))
+
+
+def _index_entries(repo: Path, index: Path | None) -> dict[str, list[tuple[str, ...]]]:
+    """``path -> [(mode, blob id, stage), ...]`` of the index (or of ``index``)."""
+    env = {"GIT_INDEX_FILE": str(index)} if index else None
+    entries: dict[str, list[tuple[str, ...]]] = {}
+    for entry in g.out(repo, "ls-files", "-s", "-z", env=env).split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            entries.setdefault(path, []).append(tuple(meta.split()))
+    return entries
+
+
+def _canonical(key: str) -> str:
+    """A config key as git lists it: section and name in lower case."""
+    section, _, rest = key.partition(".")
+    middle, _, name = rest.rpartition(".")
+    return ".".join(part for part in (section.lower(), middle, name.lower()) if part)
+
+
+def _config_entries(repo: Path, config: Path) -> list[tuple[str, str]]:
+    """``(key, value)`` of every setting in the config file ``config``, in order."""
+    listing = g.out(repo, "config", "--file", str(config), "--list", "-z")
+    return [tuple(item.split("\n", 1)) if "\n" in item else (item, "")
+            for item in listing.split("\0") if item]  # fmt: skip
 
 
 def refuse_leftover(repo: Path) -> None:
@@ -292,7 +481,8 @@ def refuse_leftover(repo: Path) -> None:
             f"    {hints.make('rebase', ABORT='1')}"
         )
     raise SeriesError(
-        f"an interrupted {j.op} left {tx.repo} part-way (journal {tx.dir}). Restore it"
-        f" exactly as it was before that {j.op}, losing nothing, with:\n"
-        f"    {restore_command(tx.repo)}"
+        f"an interrupted {j.op} left {tx.repo} part-way (journal {tx.dir}). Undo what that"
+        f" {j.op} did, and nothing else, with:\n    {restore_command(tx.repo)}\n(it refuses,"
+        f" changing nothing, if the checkout has changed since in ways the {j.op} could"
+        " not have made)"
     )

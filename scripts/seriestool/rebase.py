@@ -213,11 +213,15 @@ class Session:
         """A ``make rebase`` command carrying this session's checkout and options."""
         default = Path(self.patch_dir) == manifest_mod.PATCH_DIR.resolve()
         args = " ".join(shlex.quote(f"--pip-arg={a}") for a in self.pip_args)
-        return hints.make(
-            "rebase", **variables, VLLM=self.vllm or None,
-            NOTEST="1" if self.skip_tests else None,
-            PATCHES=None if default else self.patch_dir, ARGS=args or None,
-        )  # fmt: skip
+        session = {
+            "VLLM": self.vllm or None,
+            "NOTEST": "1" if self.skip_tests else None,
+            "PATCHES": None if default else self.patch_dir,
+            "ARGS": args or None,
+        }
+        # The caller's variables first, as typed; the session's fill in the rest.
+        return hints.make("rebase", **variables, **{k: v for k, v in session.items()
+                                                     if k not in variables})  # fmt: skip
 
 
 def state_path() -> Path:
@@ -421,7 +425,7 @@ def _start(
     new_commit: str | None = None
     if vllm is not None:
         if not g.is_repo(Path(vllm)):
-            raise SeriesError(f"--vllm {vllm} is not a git checkout; pass VLLM=/path/to/vllm")
+            raise SeriesError(f"{hints.no_checkout(Path(vllm))}; pass VLLM=/path/to/vllm")
         user = g.toplevel(Path(vllm))
         candidates = [to] + ([f"v{version}"] if version and not to.startswith("v") else [])
         new_commit = next((c for ref in candidates if (c := g.rev(user, ref))), None)
@@ -616,7 +620,8 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches)
     created: dict[str, set[str]] = {
         path: {blob} for path, blob in g.blob_ids(checkout, new_commit, added).items() if blob
     }
-    for image in patchset.images(patches):
+    images, touched = patchset.images_and_paths(patches)
+    for image in images:
         for path, (pre, post) in image.items():
             if pre is None and post is not None:
                 created.setdefault(path, set()).add(post[1])
@@ -631,7 +636,16 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches)
             + "\nmove them out of the way, or rebase without KEEP=1 (your checkout is then"
             " only read)"
         )
-    tx = journal.Transaction.begin(checkout, "rebase", created)
+    # What the session may write: the files that differ at the new base, and
+    # the patches' files, with whatever content `git am` and a resolution give.
+    moved = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", head,
+                  new_commit).split("\0")  # fmt: skip
+    scope = journal.Scope(
+        paths=dict.fromkeys([p for p in moved if p] + [p for ps in touched for p in ps]),
+        refs={f"refs/heads/{branch}": None},
+        am=True,
+    )
+    tx = journal.Transaction.begin(checkout, "rebase", created, scope)
     try:
         g.git(checkout, "update-ref", "-m", "seriestool rebase", f"refs/heads/{branch}",
               new_commit, _NULL_OID)  # fmt: skip
@@ -843,21 +857,25 @@ def _on_error(sess: Session, log: Log) -> None:
         _discard(sess, log)
 
 
-def _discard(sess: Session, log: Log) -> None:
+def _discard(sess: Session, log: Log, force_command: str | None = None) -> None:
     """Abort any am, restore the user's checkout, remove scratch work and state.
 
     ``work/rebase/<to>/`` (and ``work/rebase/``) are removed too when nothing
     is left in them, e.g. after a refusal before any report was written.
+    ``force_command``: first refuse, changing nothing, when the checkout
+    changed in ways the rebase could not have made (the command forces it).
     """
     with interrupts.shielded():
-        _discard_now(sess, log)
+        _discard_now(sess, log, force_command)
 
 
-def _discard_now(sess: Session, log: Log) -> None:
+def _discard_now(sess: Session, log: Log, force_command: str | None) -> None:
     if sess.uses_user_checkout:
         checkout = Path(sess.user_checkout)
         tx = journal.Transaction.load(checkout) if checkout.exists() else None
         if tx is not None:
+            if force_command:
+                tx.refuse_foreign_changes(force_command)
             for note in tx.rollback():
                 log(note)
         branch = f"refs/heads/{sess.branch}"
@@ -895,8 +913,9 @@ def _clear_stale_session(log: Log) -> None:
     if sess.keep and sess.uses_user_checkout and sess.phase == "running":
         raise SeriesError(
             f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
-            " Restore that checkout exactly as it was before, losing nothing, with:\n"
-            f"    {hints.make('rebase', ABORT='1')}"
+            " Undo what it did there, and nothing else, with:\n"
+            f"    {hints.make('rebase', ABORT='1')}\n(it refuses, changing nothing, if the"
+            " checkout has changed since in ways the rebase could not have made)"
         )
     if sess.keep and sess.phase != "running":
         what = {
@@ -917,19 +936,24 @@ def _clear_stale_session(log: Log) -> None:
 # Continue and abort
 
 
-def resume(log: Log = print) -> int:
+def resume(log: Log = print, force: bool = False, skip_tests: bool = False) -> int:
     """``--continue``: finish the stopped patch, apply the rest, then succeed.
+
+    ``skip_tests``: skip the series' tests from now on.  ``force``: put the
+    checkout back also when it changed in ways the rebase could not have made.
 
     Raises:
         SeriesError: no session, the session was interrupted rather than
-            stopped, files are still unmerged or hold conflict markers, or a
-            later patch conflicts (the session stays open again).
+            stopped, files are still unmerged or hold conflict markers, a
+            later patch conflicts (the session stays open again), or (unless
+            ``force``) the checkout changed in ways the rebase could not have
+            made, which putting it back would undo.
     """
     with interrupts.deferred() as guard:
-        return _resume(log, guard)
+        return _resume(log, guard, force, skip_tests)
 
 
-def _resume(log: Log, guard: interrupts.Guard) -> int:
+def _resume(log: Log, guard: interrupts.Guard, force: bool, skip_tests: bool) -> int:
     sess = Session.load()
     if sess is None:
         raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
@@ -945,6 +969,7 @@ def _resume(log: Log, guard: interrupts.Guard) -> int:
             f" with\n    {hints.make('rebase', ABORT='1')}\nand start again"
         )
     sess.phase, sess.pid = "running", os.getpid()
+    sess.skip_tests = sess.skip_tests or skip_tests
     sess.save()
     try:
         if sess.next < len(sess.patches) and sess.patches[sess.next].status == CONFLICT:
@@ -952,7 +977,8 @@ def _resume(log: Log, guard: interrupts.Guard) -> int:
             sess.next += 1
             sess.save()
         if _apply_remaining(sess, log):
-            return _finish(sess, log, guard)
+            force_command = None if force else hints.make("rebase", CONTINUE="1", FORCE="1")
+            return _finish(sess, log, guard, force_command)
         _stopped(sess, log)
     except BaseException:
         current = Session.load()
@@ -1008,17 +1034,19 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
     log(f"{entry.file}: {entry.status} ({entry.how})")
 
 
-def abort(log: Log = print) -> int:
+def abort(log: Log = print, force: bool = False) -> int:
     """``--abort``: abort the am session, restore the checkout, remove the state.
 
     Raises:
-        SeriesError: no session, or its process is still running.
+        SeriesError: no session, its process is still running, or (unless
+            ``force``) the checkout changed in ways the rebase could not have
+            made, which restoring it would undo (``journal``).
     """
     with interrupts.deferred():
-        return _abort(log)
+        return _abort(log, force)
 
 
-def _abort(log: Log) -> int:
+def _abort(log: Log, force: bool) -> int:
     sess = Session.load()
     if sess is None:
         raise SeriesError("no rebase is in progress: nothing to abort")
@@ -1031,7 +1059,7 @@ def _abort(log: Log) -> int:
         _clear_stale_session(log)
         log(f"the rebase to {sess.to} had completed; {sess.patch_dir} holds the rebased series")
         return 0
-    _discard(sess, log)
+    _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
     where = sess.checkout if sess.uses_user_checkout else "the scratch clone"
     log(f"rebase to {sess.to} aborted; {where} restored, {Path(sess.patch_dir).name}/ unchanged")
     return 0
@@ -1041,8 +1069,14 @@ def _abort(log: Log) -> int:
 # Success steps
 
 
-def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
-    """Export, manifest, range-diff, tests; then (and only then) swap patches/."""
+def _finish(
+    sess: Session, log: Log, guard: interrupts.Guard, force_command: str | None = None
+) -> int:
+    """Export, manifest, range-diff, tests; then (and only then) swap patches/.
+
+    ``force_command``: refuse to put the user's checkout back when it changed
+    in ways the rebase could not have made (see ``_discard``).
+    """
     scratch = Path(sess.scratch)
     checkout = Path(sess.checkout)
     if sess.uses_user_checkout:
@@ -1051,6 +1085,8 @@ def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
         # The user's checkout goes back exactly where it was; the branch stays.
         tx = journal.Transaction.load(checkout)
         if tx is not None:
+            if force_command:
+                tx.refuse_foreign_changes(force_command)
             for note in tx.rollback(keep_refs={f"refs/heads/{sess.branch}"}):
                 log(note)
     else:
@@ -1099,11 +1135,25 @@ def _finish(sess: Session, log: Log, guard: interrupts.Guard) -> int:
             _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written",
                           log, range_diff)  # fmt: skip
             sess.save()
+        steps = [
+            line[len(seriestest.FAILED_STEP) :]
+            for line in sess.tests.splitlines()
+            if line.startswith(seriestest.FAILED_STEP)
+        ]
+        if sess.keep:
+            after = (
+                f"fix the environment and run\n    {hints.make('rebase', CONTINUE='1')}\nor"
+                f" give up with\n    {hints.make('rebase', ABORT='1')}\nor finish without"
+                f" the tests with\n    {hints.make('rebase', CONTINUE='1', NOTEST='1')}"
+            )
+        else:
+            after = f"to rebase without the tests, run\n    {sess.make(TO=sess.to, NOTEST='1')}"
         raise SeriesError(
             f"the rebased series' tests did not pass on {sess.target['version']}"
-            f" ({sess.tests.splitlines()[0]}); nothing was written into {sess.patch_dir}."
-            f" report: {sess.report_path}"
-            + ("\nfix the environment and run CONTINUE=1, or ABORT=1" if sess.keep else "")
+            f" ({sess.tests.splitlines()[0]}):\n  "
+            + "\n  ".join(steps or ["see the report"])
+            + f"\nnothing was written into {sess.patch_dir}. report: {sess.report_path}\n"
+            + after
         )
 
     patch_dir = Path(sess.patch_dir)
@@ -1174,9 +1224,14 @@ def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tupl
             rc = seriestest.check_prefixes(manifest, sess.staging, **kwargs)
     except SeriesError as e:
         return False, f"could not run: {e}"
-    tail = "\n".join(captured.getvalue().rstrip().splitlines()[-30:])
+    lines = captured.getvalue().rstrip().splitlines()
+    tail = "\n".join(lines[-30:])
+    # The failed steps, kept whole however long the output before them.
+    steps = [line for line in lines[:-30] if line.startswith(seriestest.FAILED_STEP)]
     verdict = "passed" if rc == 0 else f"FAILED (exit {rc})"
-    return rc == 0, f"{verdict}: seriestest.check_prefixes\n\n```\n{tail}\n```"
+    return rc == 0, "\n".join(
+        [f"{verdict}: seriestest.check_prefixes", *steps, "", "```", tail, "```"]
+    )
 
 
 # --------------------------------------------------------------------------
@@ -1273,9 +1328,9 @@ def run(args: argparse.Namespace) -> int:
             " --continue (CONTINUE=1), --abort (ABORT=1)"
         )
     if args.cont:
-        return resume()
+        return resume(force=args.force, skip_tests=args.skip_tests)
     if args.abort:
-        return abort()
+        return abort(force=args.force)
     patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_mod.PATCH_DIR
     manifest_path = Path(args.manifest) if args.manifest else None
     return start(
@@ -1289,6 +1344,7 @@ def register(subparsers) -> None:
     p.add_argument("--to", help="vLLM version (PyPI sdist) or commit/tag (needs --vllm)")
     p.add_argument(
         "--vllm",
+        type=hints.user_path,
         help="checkout containing the commit (and, with --keep-conflict, where a"
         " conflict is left for resolution)",
     )
@@ -1299,6 +1355,12 @@ def register(subparsers) -> None:
         help="resume after resolving a conflict and `git add`",
     )
     p.add_argument("--abort", action="store_true", help="abort and restore the checkout")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --continue or --abort: put the checkout back also when it changed in"
+        " ways the rebase could not have made, undoing those changes (FORCE=1)",
+    )
     p.add_argument(
         "--keep-conflict",
         action="store_true",

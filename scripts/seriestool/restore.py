@@ -3,9 +3,14 @@
 ``apply`` (and ``rebase`` in a checkout) journal a checkout before changing
 it (``journal``).  When the tool is killed before it could undo its own work,
 the next run refuses and prints ``make restore VLLM=<checkout>``: this
-command.  It rolls the checkout back to the journaled state byte for byte:
-HEAD, index, work tree, refs and config; untracked and ignored files were
-never touched.  Runs with the system Python alone (no .venv needed).
+command.  It undoes what the interrupted command did: HEAD, index, the
+content of tracked files, refs and config are as journaled; untracked and
+ignored files were never touched.  When the checkout has changed since in
+ways the command could not have made (a branch or tag of the user's, the
+config, files outside the series' paths...), it refuses, listing them and
+changing nothing; ``--force`` (``make restore FORCE=1``) then rolls back
+everything, those changes included.  Runs with the system Python alone (no
+.venv needed).
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ from .apply import default_checkout
 from .errors import SeriesError
 
 
-def restore(repo: Path, log=print) -> int:
+def restore(repo: Path, force: bool = False, log=print) -> int:
     """Roll back the journal left in ``repo``; 0 also when there is none.
 
     Raises:
-        SeriesError: ``repo`` is no checkout, or the journal's process still runs.
+        SeriesError: ``repo`` is no checkout, the journal's process still
+            runs, or (unless ``force``) the checkout changed since in ways the
+            interrupted command could not have made.
     """
     if not g.is_repo(repo):
-        raise SeriesError(f"{repo} is not a git checkout: VLLM= must name the checkout to restore")
+        raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name the checkout to restore")
     tx = journal.Transaction.load(repo)
     if tx is None:
         log(f"nothing to restore in {repo}: no interrupted change is recorded there")
@@ -41,18 +48,37 @@ def restore(repo: Path, log=print) -> int:
             f"{tx.repo} is in a rebase session that keeps a conflict; end it with\n"
             f"    {hints.make('rebase', ABORT='1')}"
         )
+    op = tx.journal.op
+    if force:
+        undone = tx.foreign_changes()
+    else:
+        tx.refuse_foreign_changes(journal.restore_command(tx.repo, force=True))
+        undone = []
     notes = tx.rollback()
-    log(f"restored {tx.repo} exactly as it was before the interrupted {tx.journal.op}")
+    log(f"restored {tx.repo} as it was before the interrupted {op}")
+    if undone:
+        log(f"  also undone, as FORCE asked (changes the {op} did not make):")
+        log("\n".join(f"    {line}" for line in undone))
     for note in notes:
         log(f"  {note}")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    return restore(Path(args.vllm) if args.vllm else default_checkout())
+    return restore(Path(args.vllm) if args.vllm else default_checkout(), args.force)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("restore", help="undo what an interrupted apply left in a checkout")
-    p.add_argument("--vllm", help="the checkout (default: work/vllm, the one `make apply` makes)")
+    p.add_argument(
+        "--vllm",
+        type=hints.user_path,
+        help="the checkout (default: work/vllm, the one `make apply` makes)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="roll back also when the checkout changed since in ways the interrupted"
+        " command could not have made, undoing those changes (FORCE=1)",
+    )
     p.set_defaults(func=run)

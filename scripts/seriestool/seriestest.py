@@ -22,12 +22,17 @@ How vLLM's tests run on a CPU machine (and why):
   GPU machine (which lacks those packages) they run with ``--noconftest``.
 - CUDA tests are skipped here with their reason, which ``-rs`` prints.
 - pytest's exit status 5 (no tests collected) is a failure.
+
+Each failed step ends the output with a line ``failed step: <what>`` naming
+the step (pytest on a prefix, ruff, the round trip...) and what failed in it
+(the failing tests, the files ruff reports): ``rebase`` quotes those lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,8 +61,37 @@ def patch_tests(checkout: Path, patch: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_pytest(checkout: Path, tests: list[str], deselect: dict[str, str]) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests]
+FAILED_STEP = "failed step: "
+
+
+def pytest_failures(output: str) -> list[str]:
+    """Node ids of the tests pytest's short summary (``-rfE``) reports failed or in error."""
+    found = []
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            node = line.split(" ", 1)[1].split(" - ", 1)[0].strip()
+            if node not in found:
+                found.append(node)
+    return found
+
+
+def ruff_failures(output: str) -> list[str]:
+    """Files ``ruff check`` (any output format) or ``ruff format --check`` reports."""
+    found = []
+    for line in output.splitlines():
+        match = re.match(r"^(?:\s*-->\s*)?([^\s:][^:]*\.pyi?):\d+:\d+", line) or re.match(
+            r"^Would reformat: (.+)$", line
+        )
+        if match and match[1] not in found:
+            found.append(match[1])
+    return found
+
+
+def run_pytest(
+    checkout: Path, tests: list[str], deselect: dict[str, str]
+) -> tuple[int, str, list[str]]:
+    """pytest on ``tests``; (exit status, its last line, the failing tests)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *tests]
     for nodeid in deselect:
         cmd += ["--deselect", nodeid]
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(checkout))
@@ -65,7 +99,7 @@ def run_pytest(checkout: Path, tests: list[str], deselect: dict[str, str]) -> tu
     output = proc.stdout + proc.stderr
     tail = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]
     print(output, end="")
-    return proc.returncode, tail[0]
+    return proc.returncode, tail[0], pytest_failures(output)
 
 
 def round_trip_differences(checkout: Path, start: str, patches: list[Path]) -> list[str]:
@@ -79,16 +113,19 @@ def round_trip_differences(checkout: Path, start: str, patches: list[Path]) -> l
     return [p.name for p in patches if again.pop(p.name, None) != p.read_bytes()] + sorted(again)
 
 
-def run_ruff(checkout: Path, files: list[str]) -> int:
-    """ruff check + format --check with the base's own configuration."""
+def run_ruff(checkout: Path, files: list[str]) -> tuple[int, list[str]]:
+    """ruff check + format --check with the base's own configuration;
+    (exit status, the files ruff reports)."""
     ruff = [sys.executable, "-m", "ruff"]
     rc = 0
+    output = ""
     for args in (["check"], ["format", "--check"]):
         proc = subprocess.run([*ruff, *args, *files], cwd=checkout, text=True,
                               capture_output=True)  # fmt: skip
         print(proc.stdout + proc.stderr, end="")
+        output += proc.stdout + proc.stderr
         rc |= proc.returncode
-    return rc
+    return rc, ruff_failures(output)
 
 
 def check_prefixes(
@@ -114,7 +151,7 @@ def check_prefixes(
     patches = manifest.patch_paths(patch_dir)
     scratch_root = base_mod.WORK_DIR / "test-series"
     rows = []
-    failed = False
+    failed: list[str] = []  # the failed steps, each with what failed in it
     start = len(patches) if only_full else 1
     for k in range(start, len(patches) + 1):
         prefix = patches[:k]
@@ -129,37 +166,42 @@ def check_prefixes(
         except SeriesError as e:
             rows.append((label, "-", "does not apply", "-"))
             print(f"prefix {label}: {e}")
-            failed = True
+            failed.append(f"prefix {label}: does not apply")
             continue
         own = patch_tests(checkout, prefix[-1])
         if not own:
             rows.append((label, "-", f"{prefix[-1].name} adds or changes no test", "-"))
-            failed = True
+            failed.append(f"prefix {label}: {prefix[-1].name} adds or changes no test")
             continue
         tests = sorted({t for p in prefix for t in patch_tests(checkout, p)})
         full = k == len(patches)
         if full:
             tests += manifest.regression_tests.paths
         print(f"\n=== prefix {label}: pytest {' '.join(tests)}")
-        rc, summary = run_pytest(checkout, tests, manifest.regression_tests.deselect)
+        rc, summary, nodes = run_pytest(checkout, tests, manifest.regression_tests.deselect)
         if rc == 5:
             summary = "no tests collected (pytest exit 5)"
+        if rc != 0:
+            failed.append(f"pytest on prefix {label}: " + (", ".join(nodes) or summary))
         lint = "-"
         if full:
             differ = round_trip_differences(checkout, start, patches)
             print(f"\n=== apply/export round trip: {'ok' if not differ else 'DIFFERS'}")
             for line in differ:
                 print(f"  not reproduced by export: {line}")
-            failed |= bool(differ)
+            if differ:
+                failed.append("apply/export round trip: not reproduced: " + ", ".join(differ))
             touched = sorted(manifest.base.touched_files)
             py_files = [f for f in touched if f.endswith(".py") and (checkout / f).exists()]
             print(f"\n=== ruff (vLLM config) on {len(py_files)} touched files")
-            lint_rc = run_ruff(checkout, py_files)
+            lint_rc, lint_files = run_ruff(checkout, py_files)
             lint = "ok" if lint_rc == 0 else "FAILED"
-            failed |= lint_rc != 0
+            if lint_rc != 0:
+                failed.append("ruff (vLLM config): " + (", ".join(lint_files) or "see its output"))
         rows.append((label, len(tests), summary, lint))
-        failed |= rc != 0
     print("\n" + table(("prefix", "test files", "pytest", "ruff"), rows))
+    for step in failed:
+        print(f"{FAILED_STEP}{step}")
     return 1 if failed else 0
 
 

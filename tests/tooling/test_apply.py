@@ -87,6 +87,10 @@ def test_wrong_base_is_refused_naming_files_and_rebase(toy_series):
         _apply(repo, manifest, patch_dir)
     assert "pkg/loader.py" in str(err.value)
     assert f" rebase TO={repo.head()[:12]} VLLM={repo.path}" in str(err.value)
+    # The materialised base commit, not only the upstream one, and how to get it.
+    assert f"base commit {manifest.base.commit} (`base.commit` in" in str(err.value)
+    assert "`make base`" in str(err.value)
+    assert f"checkout {manifest.base.commit}" in str(err.value)
     assert "tests/test_first.py" not in str(err.value)  # absent in both: fine
     assert snapshot(repo) == before
 
@@ -233,3 +237,27 @@ def test_git_am_dying_mid_patch_leaves_nothing_behind(toy_series, fake_git, monk
     with pytest.raises(SeriesError, match="nothing was changed"):
         _apply(repo, manifest, patch_dir)
     assert snapshot(repo) == before
+
+
+def test_vllm_path_with_a_tilde_is_expanded(toy_series, tmp_path, monkeypatch):
+    """`make apply VLLM="~/src/vllm"`: make passes it quoted, no shell expands it."""
+    from seriestool.cli import main
+
+    repo, manifest, patch_dir = toy_series
+    monkeypatch.setenv("HOME", str(repo.path.parent))
+    assert main(["apply", "--vllm", f"~/{repo.path.name}", "--patches-dir", str(patch_dir)]) == 0
+    assert repo.git("symbolic-ref", "--short", "HEAD") == manifest.branch_name
+
+
+@pytest.mark.parametrize("command", ["apply", "export", "restore"])
+def test_a_relative_vllm_path_that_does_not_exist_is_named_absolute(
+    toy_series, tmp_path, monkeypatch, capsys, command
+):
+    from seriestool.cli import main
+
+    _repo, _manifest, patch_dir = toy_series
+    monkeypatch.chdir(tmp_path)
+    extra = ["--patches-dir", str(patch_dir)] if command == "apply" else []
+    assert main([command, "--vllm", "src/vllm", *extra]) != 0
+    err = capsys.readouterr().err
+    assert f"src/vllm (that is {tmp_path / 'src' / 'vllm'}) does not exist" in err, err

@@ -113,6 +113,63 @@ def test_check_manifest_cli_exit_status(toy_series, capsys):
     assert manifest.patches[0].file in capsys.readouterr().out
 
 
+def _series_doc(manifest) -> str:
+    """A SERIES.md whose order and stable-ID tables are the manifest's."""
+    order = "".join(f"| {p.file[:4]} | `{p.subject}` | why |\n" for p in manifest.patches)
+    ids = "".join(f"| {p.file[:4]} | `{p.patch_id}` |\n" for p in manifest.patches)
+    return (
+        "# The series\n\n## Order and why\n\n| # | patch | concern |\n|---|---|---|\n"
+        f"{order}\n## Stable patch IDs\n\n| patch | stable patch ID |\n|---|---|\n{ids}\n"
+        "## Changes in v2\n\n| 0001 | `not a table of IDs` |\n"
+    )
+
+
+def test_check_manifest_checks_series_md_beside_the_patches(toy_series, capsys):
+    _repo, manifest, patch_dir = toy_series
+    from seriestool.cli import main
+
+    args = ["check-manifest", "--manifest", str(patch_dir / "series.json")]
+    doc = patch_dir.parent / "SERIES.md"
+    doc.write_text(_series_doc(manifest))
+    assert main(args) == 0
+    assert "agree with SERIES.md" in capsys.readouterr().out
+
+    first, second = manifest.patches
+    wrong_id = "0" * 40
+    doc.write_text(
+        _series_doc(manifest)
+        .replace(f"`{first.patch_id}`", f"`{wrong_id}`")
+        .replace(f"`{second.subject}`", "`[Loader] second change, reworded`")
+    )
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"error: SERIES.md: 'Stable patch IDs' gives {first.file} the stable patch ID"
+        f" '{wrong_id}', the manifest '{first.patch_id}'" in out
+    )
+    assert (
+        f"error: SERIES.md: 'Order and why' gives {second.file} the subject"
+        f" '[Loader] second change, reworded', the manifest '{second.subject}'" in out
+    )
+
+    # A row missing, and one for a patch the series does not have.
+    doc.write_text(
+        _series_doc(manifest).replace(f"| 0002 | `{second.patch_id}` |", "| 0003 | `x` |")
+    )
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert f"'Stable patch IDs' has no row for {second.file}" in out
+    assert "'Stable patch IDs' lists patch 0003, which the manifest has not" in out
+
+
+def test_the_repository_series_md_agrees_with_its_manifest():
+    from seriestool import manifest as manifest_mod
+
+    manifest = manifest_mod.load(manifest_mod.MANIFEST_PATH)
+    doc = manifest_mod.MANIFEST_PATH.parent.parent / "SERIES.md"
+    assert check_manifest.doc_problems(manifest, doc) == []
+
+
 def test_export_refuses_merge_commits(toy_series):
     repo, manifest, patch_dir = toy_series
     base = repo.head()
@@ -202,6 +259,62 @@ def test_export_refuses_a_message_git_am_would_cut(toy_series):
     repo.commit("[Loader] third change\n\nWhat\n\nWhy\n---\nBecause.", {"pkg/other.py": "V = 2\n"})
     before = _contents(patch_dir)
     with pytest.raises(SeriesError, match="would be cut by git am at the line '---'"):
+        _export_branch(repo, manifest, manifest.branch_name, patch_dir)
+    assert _contents(patch_dir) == before
+
+
+@pytest.mark.parametrize(
+    "subject, becomes",
+    [
+        ("Re: [PATCH v3] [Loader] third change", "[Loader] third change"),
+        ("[PATCH] [Loader] third change", "[Loader] third change"),
+        ("[Loader] third change  ", "[Loader] third change"),
+        ("  [Loader] third change", "[Loader] third change"),
+    ],
+)
+def test_export_refuses_a_subject_git_am_would_rewrite(toy_series, subject, becomes):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    repo.write({"pkg/other.py": "V = 2\n"})
+    repo.git("add", "-A")
+    repo.git("commit", "-q", "--cleanup=verbatim", "-m", f"{subject}\n\nBody.\n")
+    commit = repo.head()
+    before = _contents(patch_dir)
+    with pytest.raises(SeriesError) as err:
+        _export_branch(repo, manifest, manifest.branch_name, patch_dir)
+    message = str(err.value)
+    assert f"the subject of commit {commit[:12]} (0003-" in message
+    assert f"{subject!r} becomes {becomes!r}" in message and "reword the commit" in message
+    assert _contents(patch_dir) == before
+
+
+def test_export_says_git_am_cuts_a_message_at_a_diff_line(toy_series):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    message = "[Loader] third change\n\nAs in\ndiff --git a/x b/x\nand more."
+    commit = repo.commit(message, {"pkg/other.py": "V = 2\n"})
+    with pytest.raises(SeriesError) as err:
+        _export_branch(repo, manifest, manifest.branch_name, patch_dir)
+    text = str(err.value)
+    assert f"commit {commit[:12]}" in text
+    assert "cut by git am at the line 'diff --git a/x b/x'" in text
+    assert "as the start of the patch and ends the message there" in text
+    assert "`---`" not in text
+
+
+def test_export_refuses_an_empty_commit_naming_it(toy_series):
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    repo.git("commit", "-q", "--allow-empty", "-m", "[Loader] nothing yet")
+    commit = repo.head()
+    before = _contents(patch_dir)
+    with pytest.raises(SeriesError, match=f"commit {commit[:12]} \\(0003-.*\\) is empty"):
         _export_branch(repo, manifest, manifest.branch_name, patch_dir)
     assert _contents(patch_dir) == before
 

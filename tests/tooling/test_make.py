@@ -59,7 +59,7 @@ def test_not_at_the_base_hint_runs_as_printed(make_repo, tmp_path, make_work_dir
 
     refused = _make("apply", f"VLLM={repo.path}", f"PATCHES={patch_dir}", work=make_work_dir)
     assert refused.returncode != 0 and "is not at the pinned base" in refused.stderr
-    [hint] = [line.strip() for line in refused.stderr.splitlines() if "make " in line]
+    [hint] = [line.strip() for line in refused.stderr.splitlines() if line.startswith("    make ")]
     assert shlex.split(hint)[:4] == ["make", "-C", str(ROOT), "rebase"]
 
     env = dict(os.environ, SERIES_WORK_DIR=str(make_work_dir))
@@ -70,3 +70,24 @@ def test_not_at_the_base_hint_runs_as_printed(make_repo, tmp_path, make_work_dir
     applied = _make("apply", f"VLLM={repo.path}", f"PATCHES={patch_dir}", work=make_work_dir)
     assert applied.returncode == 0, applied.stderr
     assert 'line_10 = "ten"' in (repo.path / "pkg/loader.py").read_text()
+
+
+def test_readme_states_what_the_code_does(monkeypatch):
+    """The README's claims that fresh users rely on, checked against the code."""
+    from seriestool import git as g
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    # The committer identity used when the user has none.
+    for key in [k for k in os.environ if k.startswith("GIT_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "")  # git refuses an empty name
+    ident = g.user_identity(ROOT)
+    assert f"`{ident['GIT_COMMITTER_NAME']} <{ident['GIT_COMMITTER_EMAIL']}>`" in readme
+    # A restored checkout gets new file mtimes: not "byte for byte".
+    assert "byte for byte" not in readme
+    # `make rebase ABORT=1` skips `make venv` (the Makefile's rebase prerequisite).
+    assert "rebase: $(if $(ABORT),,venv)" in (ROOT / "Makefile").read_text()
+    assert "`make rebase ABORT=1` skips `make venv`" in readme

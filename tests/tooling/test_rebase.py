@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -334,6 +335,27 @@ def test_keep_conflict_then_abort_restores_exactly(series, work_dir):
         rebase_mod.abort(log=lambda *_: None)
 
 
+def test_abort_refuses_to_undo_what_the_rebase_did_not_do(series, work_dir):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.git("tag", "my-tag")
+    repo.git("config", "remote.fork.url", "https://example.com/fork.git")
+    during = snapshot(repo)
+
+    with pytest.raises(SeriesError) as refused:
+        rebase_mod.abort(log=lambda *_: None)
+    message = str(refused.value)
+    assert "refs/tags/my-tag: created" in message and "remote.fork.url added" in message
+    assert "rebase ABORT=1 FORCE=1" in message
+    assert snapshot(repo) == during
+
+    assert main(["rebase", "--abort", "--force"]) == 0
+    assert snapshot(repo) == before
+
+
 def test_resolution_to_no_change_drops_the_patch(series):
     repo, patch_dir = series
     _conflict_base(repo)
@@ -509,7 +531,7 @@ def test_failing_tests_write_nothing_into_patches(series, monkeypatch, work_dir)
     _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
     _fake_tests(monkeypatch, 1, [])
     patches_before = _contents(patch_dir)
-    with pytest.raises(SeriesError, match="tests did not pass.*FAILED.*nothing was written"):
+    with pytest.raises(SeriesError, match="(?s)tests did not pass.*FAILED.*nothing was written"):
         _rebase(repo, "drift", patch_dir, skip_tests=False)
     assert _contents(patch_dir) == patches_before
     report = (work_dir / "rebase" / "drift" / "report.md").read_text()
@@ -517,6 +539,38 @@ def test_failing_tests_write_nothing_into_patches(series, monkeypatch, work_dir)
     assert "fake series tests: 1 failed" in report
     _no_session(work_dir)
     assert not list(patch_dir.parent.glob("patches.rebase-*"))
+
+
+def test_failing_tests_name_the_step_and_print_a_notest_command(series, monkeypatch, work_dir):
+    repo, patch_dir = series
+    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+
+    def check_prefixes(manifest, patch_dir, base_repo=None):
+        print("... pytest and ruff output ...\n" * 40, end="")
+        print("failed step: pytest on prefix 0001..0003: tests/test_third.py::test_third")
+        print("failed step: ruff (vLLM config): pkg/loader.py")
+        return 1
+
+    monkeypatch.setattr(seriestest, "check_prefixes", check_prefixes)
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "drift", patch_dir, skip_tests=False)
+    message = str(err.value)
+    assert "\n  pytest on prefix 0001..0003: tests/test_third.py::test_third\n" in message
+    assert "\n  ruff (vLLM config): pkg/loader.py\n" in message
+    [hint] = [line[4:] for line in message.splitlines() if line.startswith("    make ")]
+    words = shlex.split(hint)
+    assert words[:4] == ["make", "-C", str(ROOT), "rebase"]
+    assert sorted(words[4:]) == sorted(
+        ["TO=drift", f"VLLM={repo.path}", f"PATCHES={patch_dir}", "NOTEST=1"]
+    )
+
+    # The hint's variables, as the Makefile passes them, rebase without the tests.
+    calls: list = []
+    _fake_tests(monkeypatch, 1, calls)
+    args = ["rebase", "--to", "drift", "--vllm", str(repo.path), "--patches-dir",
+            str(patch_dir), "--skip-tests"]  # fmt: skip
+    assert main(args) == 0
+    assert calls == []
 
 
 def test_commit_base_tests_run_on_the_new_base(series, monkeypatch):

@@ -42,6 +42,18 @@ def test_failing_test_fails_the_series(toy_base, capsys):
     assert "1 failed" in capsys.readouterr().out
 
 
+def test_failed_steps_name_the_failing_tests_and_files(toy_base, capsys):
+    manifest, patch_dir = toy_base
+    _rewrite(patch_dir, manifest.patches[1], "+    assert True", "+    assert False")
+    _rewrite(patch_dir, manifest.patches[1], "+    return x + 0", "+    return x+0")
+    assert seriestest.check_prefixes(manifest, patch_dir) == 1
+    steps = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("failed step")
+    ]
+    assert "failed step: pytest on prefix 0001..0002: tests/test_second.py::test_second" in steps
+    assert "failed step: ruff (vLLM config): pkg/loader.py" in steps
+
+
 def test_no_tests_collected_is_a_failure(toy_base, capsys):
     manifest, patch_dir = toy_base
     _rewrite(patch_dir, manifest.patches[0], "+def test_first():", "+def helper_first():")
