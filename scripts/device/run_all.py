@@ -387,8 +387,8 @@ SMALL_SCALE = 4
 PHASE_SECONDS = {
     "real_writer": 25,
     "throughput": 75,
-    "staging": 35,
-    "heavy": 40,
+    "staging": 50,
+    "heavy": 50,
     "deferred": 40,
     "pinned_read": 25,
     "tuning": 30,
@@ -516,9 +516,20 @@ def bounded_configs(kind: str) -> list:
     """The bounded-staging configurations of the ``staging`` checkpoint (the
     synthetic one and one 1 GiB tensor) or the ``heavy`` one."""
     bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}
+    # Where the rest of a bounded load's time goes: InstantTensor cannot read
+    # ahead in a ring less than twice its largest tensor (56 MiB matrices in
+    # a 64 MiB ring); smaller I/O chunks or a twice larger bound show it.
+    small_chunks = {**bound, "INSTANTTENSOR_CHUNK_SIZE": str(SIZES["bound"] // 64)}
+    double = {"INSTANTTENSOR_BUFFER_SIZE": str(2 * SIZES["bound"])}
     series = [
         ("series bound", "series", {"env": bound}),
         ("series bound, pinned staging", "series", {"env": bound, "extra": PINNED}),
+        (
+            "series bound, pinned staging, chunks of bound/64",
+            "series",
+            {"env": small_chunks, "extra": PINNED},
+        ),
+        ("series 2x bound, pinned staging", "series", {"env": double, "extra": PINNED}),
         ("series unbound", "series", {"env": {}}),
     ]
     if kind == "staging":
