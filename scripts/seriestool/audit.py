@@ -809,7 +809,11 @@ def _render_text(report: Report) -> str:
             lines.append(f"  {_short(e.commit)}  {e.subject}  [{', '.join(e.paths)}]{acc}")
 
     differ = [f for f in report.files if not f.equal]
-    verdict = f"{len(differ)} differ from" if differ else "all equal"
+    verdict = (
+        f"{len(differ)} {'differs' if len(differ) == 1 else 'differ'} from"
+        if differ
+        else "all equal"
+    )
     lines += [
         "",
         f"End state: {len(report.files)} series-owned files at the consolidated tip;"

@@ -138,14 +138,26 @@ def _describe(kind: str, change: Change, comparison: Comparison) -> str:
     if kind == TEST_ONLY:
         return f"test only: {', '.join(change.test_paths)}{_subject_note(change, also=True)}"
     if kind == CONTRACT_CHANGED:
-        tests = f"; tests differ in {', '.join(change.test_paths)}" if change.test_paths else ""
-        return (
-            f"contract changed: code differs in {', '.join(change.code_paths)}{tests}"
-            f"{_subject_note(change, also=True)}"
-        )
+        docs = [p for p in change.code_paths if is_doc(p)]
+        code = [p for p in change.code_paths if not is_doc(p)]
+        parts = [
+            f"{what} in {', '.join(paths)}"
+            for what, paths in (
+                ("code differs", code),
+                ("docs differ", docs),
+                ("tests differ", change.test_paths),
+            )
+            if paths
+        ]
+        return f"contract changed: {'; '.join(parts)}{_subject_note(change, also=True)}"
     if kind == CONTEXT_ONLY:
         return "context only: the same change, the lines around it moved"
     return kind
+
+
+def is_doc(path: str) -> bool:
+    """Documentation: under ``docs/``, or a Markdown or reStructuredText file."""
+    return path.startswith("docs/") or path.endswith((".md", ".rst"))
 
 
 def recorded_pieces(changes: Sequence[Change], ancestor: Patch) -> list[Patch]:

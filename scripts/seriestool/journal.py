@@ -91,6 +91,11 @@ class Journal:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (not this one) still runs.
+
+    A zombie (killed or exited, not yet reaped by its parent) does not: it
+    can no longer change anything, though ``kill(pid, 0)`` still finds it.
+    """
     if pid == os.getpid():
         return False
     try:
@@ -98,8 +103,19 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """``pid`` is a zombie, per Linux ``/proc/<pid>/stat`` (False where unreadable)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses.
+    fields = stat[stat.rfind(")") + 1 :].split()
+    return bool(fields) and fields[0] == "Z"
 
 
 def occupied(repo: Path, paths) -> list[str]:

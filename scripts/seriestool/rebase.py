@@ -34,13 +34,20 @@ is applied onto the new base with ``git am --3way``, one at a time:
   ``--vllm`` checkout on a new branch (the checkout is journaled first,
   ``journal``, so it can be restored byte for byte) or in
   ``work/rebase/<X>/vllm``; the session is recorded in
-  ``work/rebase/state.json``.  After resolving and ``git add``:
-  ``rebase --continue`` (``make rebase CONTINUE=1``) finishes the patch
-  (a resolution to no change makes it **dropped (resolved to no change)**; a
-  ``git am --skip`` by hand makes it **dropped (skipped by hand)**: its change
-  is not in the new series), applies the rest and goes on with the success
-  steps; ``rebase --abort`` (``ABORT=1``) aborts the ``git am`` and
-  restores the checkout exactly.
+  ``work/rebase/state.json``.  Only a ``git am`` session verified to be in
+  progress is kept: when ``git am`` gave up without one (nothing to resolve
+  in the checkout), the run is undone as without ``--keep-conflict`` and
+  says so, and ``--continue`` refuses a session whose ``git am`` was never
+  left in progress (a clean checkout is no consent to skip a patch).
+  After resolving and ``git add``: ``rebase --continue`` (``make rebase
+  CONTINUE=1``) finishes the patch (a resolution to no change makes it
+  **dropped (resolved to no change)**; a ``git am --skip`` by hand makes it
+  **dropped (skipped by hand)**: its change is not in the new series),
+  applies the rest and goes on with the success steps; ``rebase --abort``
+  (``ABORT=1``) aborts the ``git am`` and restores the checkout exactly.
+
+A result with no patch left (every patch dropped) is refused, changing
+nothing, as ``export`` refuses an empty range: it would delete the series.
 
 On success: the new series is exported with ``export.format_patches``
 (reproducible; files are renumbered contiguously, so a dropped patch shifts
@@ -164,6 +171,10 @@ class Session:
     vllm: str = ""  # --vllm as given (resolved): carried into printed commands
     pip_args: list[str] = dataclasses.field(default_factory=list)
     conflict: str = ""
+    # A ``git am`` session was verified in progress in ``checkout`` when the
+    # rebase stopped (``--keep-conflict``): only then can its absence on
+    # ``--continue`` mean the user ended it by hand.
+    am_kept: bool = False
     tests: str = ""
 
     @property
@@ -724,6 +735,7 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
         except SeriesError as e:
             entry.status = CONFLICT
             sess.conflict = _conflict_detail(checkout, entry.file, check.stderr + "\n" + str(e))
+            sess.am_kept = g.operation_in_progress(checkout) == "git am"
             log(f"{entry.file}: conflict")
             return False
         head = g.out(checkout, "rev-parse", "HEAD")
@@ -734,6 +746,7 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
             log(f"{entry.file}: conflict (git am and the 3-way merge disagree)")
             if sess.keep:
                 _leave_placement_conflict(sess, checkout, patch, images[i])
+                sess.am_kept = g.operation_in_progress(checkout) == "git am"
             return False
         if head == sess.pre_head:
             entry.status = DROPPED_ABSORBED
@@ -821,6 +834,19 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
         SeriesError: always, with the conflict detail and what to do next.
     """
     entry = sess.patches[sess.next]
+    if sess.keep and not sess.am_kept:
+        # git am gave up before it had a session to resume (nothing in the
+        # checkout to resolve): keeping the run would claim a session that
+        # does not exist, and --continue could only mistake it for a skip.
+        _write_report(sess, "CONFLICT: rebase stopped, no git am session to keep",
+                      "unchanged", log)  # fmt: skip
+        _discard(sess, log)
+        raise SeriesError(
+            f"{entry.file} conflicts with {sess.target['version']}, and git am stopped"
+            f" without leaving a session to resolve in {sess.checkout}; nothing was kept:"
+            f" your checkouts and {Path(sess.patch_dir).name}/ are as they were.\n"
+            f"{_indent(sess.conflict)}\nreport: {sess.report_path}"
+        )
     if sess.keep:
         interrupts.check()  # a Ctrl-C until here undoes the run; from here on it is kept
         sess.phase = "conflict"
@@ -1020,6 +1046,17 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
             raise SeriesError(
                 f"git am --continue failed in {checkout}: {(proc.stderr or proc.stdout).strip()}"
             )
+    elif not sess.am_kept:
+        # The rebase never left a session here (or its state predates the
+        # record): a clean checkout is not the user's consent to skip.
+        where = g.operation_in_progress(checkout)
+        raise SeriesError(
+            f"{entry.file}: no git am session is in progress in {checkout}"
+            + (f" ({where} is)" if where else "")
+            + f", and the rebase did not leave one there: there is nothing to continue,"
+            f" and {entry.file} is not skipped. Give up and restore the checkout with\n"
+            f"    {hints.make('rebase', ABORT='1')}"
+        )
     head = g.rev(checkout, "HEAD")
     if head == sess.pre_head:
         entry.status = DROPPED_SKIPPED
@@ -1077,6 +1114,14 @@ def _finish(
     ``force_command``: refuse to put the user's checkout back when it changed
     in ways the rebase could not have made (see ``_discard``).
     """
+    if not any(p.status == APPLIED for p in sess.patches):
+        # Like `export` of an empty range: an empty series is never written.
+        raise SeriesError(
+            "the rebased series would have no patches ("
+            + ", ".join(f"{p.file}: {p.status}" for p in sess.patches)
+            + f"): it would delete the series; {Path(sess.patch_dir).name}/ is unchanged."
+            + (f" Give up with\n    {hints.make('rebase', ABORT='1')}" if sess.keep else "")
+        )
     scratch = Path(sess.scratch)
     checkout = Path(sess.checkout)
     if sess.uses_user_checkout:

@@ -344,6 +344,8 @@ def test_review_fix_folded_in(series, capsys):
     assert [p for p, f in files.items() if not f["equal"]] == ["vllm/loader.py"]
     assert "+    if y < 0:" in files["vllm/loader.py"]["diff"]
     assert set(report["failures"]) == {f"{FILES[1]}: changed", "end state differs: vllm/loader.py"}
+    _rc, text = series.check(capsys, "--consolidated", "cons", json_out=False)
+    assert "; 1 differs from the series' result" in text  # one file: singular
 
     # Accepting the patch alone is not enough: the tip still differs.
     rc, report = series.check(

@@ -25,3 +25,31 @@ def test_a_closed_pipe_ends_the_command_quietly(toy_series):
         os.close(write)
     assert proc.stderr == ""
     assert proc.returncode == 141
+
+
+# Runs `python -m seriestool`, with a Ctrl-C arriving while a command module
+# is imported (the keyboard's SIGINT, sent by the process to itself).
+_CTRL_C_ON_IMPORT = """
+import os, runpy, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "seriestool.rebase":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["seriestool", "--help"]
+runpy.run_module("seriestool", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_while_importing_ends_with_one_line_and_130():
+    proc = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_ON_IMPORT],
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")),
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == "error: interrupted by SIGINT\n"
+    assert proc.returncode == 130

@@ -329,6 +329,23 @@ def _draft_line(report: dict, new_tag: str) -> str:
     return next(line for line in report["draft"].splitlines() if line.startswith(f"- {new_tag} "))
 
 
+def test_draft_lists_documentation_apart_from_code(project, capsys):
+    """A rewrite that also changes docs: "docs differ in" lists docs/ and
+    Markdown or reStructuredText files, not "code differs in"."""
+    ring_with_docs = (RING[0], {**RING[1], "docs/staging.md": "# Staging\n\nOne ring.\n",
+                                "pkg/README.rst": "Staging\n=======\n"})  # fmt: skip
+    project.commit([BORROWED, ring_with_docs, OWNED], "2", "Series v2",
+                   previous={RING_SUBJECT: [STAGING_V1]})  # fmt: skip
+    rc, out, _err = project.compare(capsys, "--from", "1", "--to", "2", "--json")
+    assert rc == 0
+    assert _draft_line(json.loads(out), "0002") == (
+        "- 0002 `[Loader] fixed staging ring`: rewritten from v1 0002 `[Loader] bound GPU"
+        " staging`: contract changed: code differs in pkg/loader.py, pkg/staging.py; docs"
+        " differ in docs/staging.md, pkg/README.rst; tests differ in tests/test_staging.py;"
+        " message changed too. Why: TODO."
+    )
+
+
 def test_a_rewrite_recorded_in_previous_is_paired_with_its_range_diff(project, capsys):
     """range-diff leaves v1 0002 and its rewrite unpaired; the entry in
     "previous" pairs them: their range-diff under its own heading, the draft

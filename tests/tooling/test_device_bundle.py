@@ -409,9 +409,22 @@ def test_targets_and_summary_from_made_up_results():
     targets = {t["name"]: t for t in report.evaluate_targets(res)}
     assert targets["series best / pinned H2D ceiling (ambitious)"]["value"] == pytest.approx(0.82)
     res["targets"] = list(targets.values())
+    res["status"] = "pass"
+    # As measured: at tp=1 the TP-local size is not the bound whole rows are held to.
+    res["deferred"]["configs"]["series COPY=0"]["tp_local_bound_bytes"] = 64 * mib
     text = report.render_summary(res)
     assert "| series COPY=0, retention check off |" in text and "## Targets" in text
     assert "43 % of it above the bound" in text and "series COPY=0 tp=8" in text
+    # The procedure passed, the targets did not all hold: both said, distinctly.
+    missed = sum(not t["met"] for t in targets.values())
+    assert missed >= 3
+    status = next(line for line in text.splitlines() if line.startswith("- status:"))
+    assert status.startswith(
+        f"- status: **pass** (procedure); targets missed: {missed} of {len(targets)};"
+    )
+    # The deferred table's bound is the one each row's target uses.
+    assert "| series COPY=0 | 0.0 | – | – | 32.0 |" in text
+    assert "| series COPY=0 tp=8 | 8.0 | – | – | 4.0 |" in text
 
 
 def _base_checkout(tmp_path: Path) -> Path:

@@ -969,3 +969,76 @@ def test_conflict_hint_carries_the_checkout_and_works_as_printed(
                            capture_output=True, text=True)  # fmt: skip
     assert abort.returncode == 0, abort.stderr
     assert snapshot(repo) == before
+
+
+# --------------------------------------------------------------------------
+# No am session to keep, nothing to continue, nothing left
+
+
+def test_keep_conflict_without_an_am_session_keeps_nothing_and_says_so(
+    series, work_dir, monkeypatch
+):
+    """git am can fail before it starts a session: KEEP=1 must not claim one."""
+    repo, patch_dir = series
+    _conflict_base(repo)
+    before, patches_before = snapshot(repo), _contents(patch_dir)
+    real_am = patchset.am
+
+    def am(checkout, patches, *args, **kwargs):
+        if Path(checkout) == repo.path:  # dies before its session, as git can
+            raise SeriesError("git am failed: fatal: simulated failure before any session")
+        return real_am(checkout, patches, *args, **kwargs)
+
+    monkeypatch.setattr(patchset, "am", am)
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+
+    message = str(err.value)
+    assert "left in progress" not in message and "CONTINUE=1" not in message
+    assert "without leaving a session" in message and "nothing was kept" in message
+    assert snapshot(repo) == before
+    assert _contents(patch_dir) == patches_before
+    _no_session(work_dir)
+
+
+def test_continue_without_the_am_session_it_left_refuses(series, work_dir):
+    """A stopped session whose checkout holds no git am session (none was
+    recorded as left there): a clean checkout is no consent to skip the patch."""
+    import json
+
+    repo, patch_dir = series
+    _conflict_base(repo)
+    patches_before = _contents(patch_dir)
+    with pytest.raises(SeriesError):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.git("am", "--abort")  # the state a session-less stop leaves: clean, at the base
+    state = json.loads(rebase_mod.state_path().read_text())
+    state.pop("am_kept", None)  # as a state written before the session was verified
+    rebase_mod.state_path().write_text(json.dumps(state))
+
+    for _ in range(2):
+        with pytest.raises(SeriesError) as err:
+            rebase_mod.resume(log=lambda *_: None)
+        message = str(err.value)
+        assert "no git am session is in progress" in message
+        assert "is not skipped" in message and "rebase ABORT=1" in message
+    assert _contents(patch_dir) == patches_before
+    assert main(["rebase", "--abort"]) == 0
+    assert _contents(patch_dir) == patches_before
+    _no_session(work_dir)
+
+
+def test_rebase_leaving_no_patch_is_refused(series, work_dir):
+    """Upstream absorbed every patch: an empty series would delete the series."""
+    repo, patch_dir = series
+    repo.git("checkout", "-q", "-b", "all-in", "main")
+    repo.git("am", "-q", *sorted(str(p) for p in patch_dir.glob("*.patch")))
+    repo.git("checkout", "-q", "main")
+    before, patches_before = snapshot(repo), _contents(patch_dir)
+
+    with pytest.raises(SeriesError, match="would have no patches.*it would delete the series"):
+        _rebase(repo, "all-in", patch_dir)
+
+    assert _contents(patch_dir) == patches_before
+    assert snapshot(repo) == before
+    _no_session(work_dir)

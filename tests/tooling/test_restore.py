@@ -111,3 +111,31 @@ def test_restore_ignores_file_stats_changed_since_the_kill(killed_apply):
     assert done.returncode == 0, done.stderr
     assert snapshot(repo)["files"] == before["files"]
     assert snapshot(repo)["branches"] == before["branches"]
+
+
+def test_restore_takes_a_killed_but_unreaped_apply_for_ended(killed_apply):
+    """SIGKILLed, the apply may linger as a zombie until its parent reaps it:
+    it changes nothing any more, so restore must not wait for it."""
+    import json
+    import time
+    from pathlib import Path
+
+    repo, before = killed_apply
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # never waited for
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    for _ in range(500):
+        if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the child did not become a zombie")
+    data = repo.path / ".git" / "seriestool-journal" / "journal.json"
+    journal = json.loads(data.read_text())
+    journal["pid"] = zombie.pid
+    data.write_text(json.dumps(journal))
+    try:
+        done = _restore(repo)
+        assert done.returncode == 0, done.stderr
+        assert snapshot(repo) == before
+    finally:
+        zombie.wait()
