@@ -33,7 +33,7 @@ from . import interrupts
 from .errors import SeriesError
 from .manifest import ROOT
 
-WORK_DIR = Path(os.environ.get("SERIES_WORK_DIR", ROOT / "work"))
+WORK_DIR = Path(os.environ.get("SERIES_WORK_DIR", ROOT / "work")).absolute()
 
 # Fixed identity of the base commit: with these, the commit id depends only on
 # the sdist's content.

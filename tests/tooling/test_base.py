@@ -4,10 +4,13 @@ behind, the base commit id is reproducible, and the cache is reused."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import tarfile
 
 import pytest
-from conftest import write_sdist
+from conftest import ROOT, write_sdist
 from seriestool import base as base_mod
 from seriestool import git as g
 from seriestool.errors import SeriesError
@@ -116,3 +119,19 @@ def test_unpack_refuses_paths_outside_the_tree(tmp_path):
     with pytest.raises(SeriesError, match="cannot unpack bad.tar.gz safely"):
         base_mod.unpack(bad, tmp_path / "out")
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_a_relative_work_dir_is_made_absolute(tmp_path):
+    """git runs in other folders (the checkout, scratch clones): a relative
+    SERIES_WORK_DIR must not change meaning there."""
+    code = "from seriestool import base; print(base.WORK_DIR)"
+    env = dict(os.environ, SERIES_WORK_DIR="w", PYTHONPATH=str(ROOT / "scripts"))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    assert out == str(tmp_path / "w")
