@@ -17,6 +17,16 @@ from pathlib import Path
 MiB = 1 << 20
 GiB = 1 << 30
 
+
+def install_wheels_command(python: str, wheels: list[str], site: Path) -> list[str]:
+    """pip's command line that installs the bundle's *wheels* into *site*,
+    offline and without their dependencies (the bundle carries them all)."""
+    return [
+        python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+        "--no-cache-dir", "--upgrade", "--target", str(site), *wheels,
+    ]  # fmt: skip
+
+
 # Environment variables the benchmarks set per configuration; every other
 # InstantTensor variable is left as the machine has it (unset).
 MANAGED_ENV = (

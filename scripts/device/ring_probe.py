@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -37,21 +38,7 @@ def as_bytes(tensor):
 
 def install_instanttensor(site: Path) -> None:
     wheels = sorted(str(p) for p in (HERE.parents[1] / ".device" / "wheels").glob("*.whl"))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--target",
-            str(site),
-            *wheels,
-        ],
-        check=True,
-    )
+    subprocess.run(common.install_wheels_command(sys.executable, wheels, site), check=True)
     sys.path.insert(0, str(site))
 
 

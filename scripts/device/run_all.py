@@ -842,21 +842,7 @@ def main() -> int:
         if wheels:
             info = run.step(
                 "install wheels",
-                [
-                    PY,
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--no-index",
-                    "--no-deps",
-                    "--no-compile",
-                    "--no-cache-dir",
-                    "--upgrade",
-                    "--target",
-                    str(site),
-                    *wheels,
-                ],
+                common.install_wheels_command(PY, wheels, site),
                 180,
                 out / "run.log",
             )
