@@ -1,23 +1,16 @@
 """``pr``: one pull-request group of the series as a branch, and its description.
 
-The group (``"series"."groups"`` of the manifest) is applied with the patches
-of the groups it depends on, in series order, onto the commit the series was
-applied on (as ``export`` finds it: ``branch.<series branch>.seriesBase``,
-else the pinned base), in a scratch repository that reads the checkout's
-objects; each commit is checked against the patch's recorded result
-(``scratch.apply_patches``).  Only the new branch ``pr/<group>`` is then
-created in the checkout, journaled (``journal``): its HEAD, index, work tree,
-config and other refs do not change.  Refused, changing nothing: a fork-only
-or unknown group (the groups are listed), an existing branch, groups or
-patch files that ``check-manifest`` refuses.  ``--signoff`` makes the user
-(``git var GIT_COMMITTER_IDENT`` in the checkout) the author of each commit
-and adds their ``Signed-off-by:``, as DCO asks; no config is written.
-
-The description, in vLLM's pull-request template (Purpose, Test Plan, Test
-Result), is drawn from the group's patch messages: everything but their
-"Validation" section goes to Purpose, the tests the patches add or change to
-Test Plan, their "Validation" sections to Test Result; it lists the groups
-depended on, whose commits come first on the branch.
+The group (``"series"."groups"``) is applied with the groups it depends on,
+in series order, onto the commit ``export`` takes as the series' base, in a
+scratch repository reading the checkout's objects, each commit checked as
+``apply`` checks it.  Only then is branch ``pr/<group>`` created in the
+checkout, in one atomic step; nothing else there changes, and a refusal (an unknown
+or fork-only group, an existing branch, an inconsistent manifest) changes
+nothing.  ``--signoff``: the user (``git var GIT_COMMITTER_IDENT``) becomes
+the author and signs each commit off, as the DCO asks; no config is written.
+The description follows vLLM's pull-request template: each patch message
+but its "Validation" section under Purpose, the tests the patches add or
+change under Test Plan, the "Validation" sections under Test Result.
 """
 
 from __future__ import annotations
@@ -34,13 +27,6 @@ from .apply import ensure_default_checkout
 from .errors import SeriesError
 
 SECTIONS = ("What changes", "Why", "Contract", "Compatibility", "Validation")
-
-
-def group_listing(manifest: manifest_mod.Manifest) -> str:
-    return "\n".join(
-        f"  {group.name} ({'upstream' if group.upstream else 'fork-only'}): {group.why}"
-        for group in manifest.groups
-    )
 
 
 def make_pr(
@@ -69,12 +55,10 @@ def make_pr(
             )
         groups = {group.name: group for group in manifest.groups}
         if name not in groups or not groups[name].upstream:
-            why = (
-                "is fork-only: it is not meant to go upstream" if name in groups else "is no group"
-            )
-            raise SeriesError(
-                f"{name!r} {why}; the groups (patches/series.json):\n{group_listing(manifest)}"
-            )
+            why = "is fork-only: not meant to go upstream" if name in groups else "is no group"
+            listing = [f"  {x.name} ({'upstream' if x.upstream else 'fork-only'}): {x.why}"
+                       for x in manifest.groups]  # fmt: skip
+            raise SeriesError(f"{name!r} {why}; the groups:\n" + "\n".join(listing))
         journal.refuse_leftover(repo)
         branch = f"pr/{name}"
         if g.rev(repo, f"refs/heads/{branch}"):
@@ -108,21 +92,14 @@ def make_pr(
             g.git(work, "config", "uploadpack.allowAnySHA1InWant", "true")
             g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
                   str(work), tip)  # fmt: skip
-        ref = f"refs/heads/{branch}"
-        tx = journal.Transaction.begin(repo, "pr", {}, journal.Scope(refs={ref: [tip]}))
-        try:
-            g.git(repo, "update-ref", "-m", "seriestool pr", ref, tip, "0" * 40)
-            interrupts.check()  # the last moment a signal undoes it
-        except BaseException:
-            for note in tx.rollback():
-                log(note)
-            raise
-        tx.commit()
+        # The one change to the checkout, atomic (and only if the branch is
+        # still absent): no journal is needed to undo half of it.
+        g.git(repo, "update-ref", "-m", "seriestool pr", f"refs/heads/{branch}", tip, "0" * 40)
         guard.completed()
     out = base_mod.WORK_DIR / "pr" / f"{name}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    log(f"branch {branch} in {repo}: the group's {len(commits)} patches on {base[:12]}, ready to push")
+    log(f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, ready to push")
     log(f"pull-request description: {out}")
     return out
 
