@@ -180,36 +180,28 @@ def previous_problems(manifest: Manifest) -> list[str]:
     return found
 
 
-def group_order(manifest: Manifest, name: str) -> list[str]:
-    """Group ``name`` and those it depends on, transitively: dependencies first.
+def group_patches(manifest: Manifest, name: str) -> list[PatchEntry]:
+    """The patches group ``name`` is applied as, in series order: its own and
+    those of the groups it depends on, transitively.
 
     Raises:
         SeriesError: an unknown group (listing the groups) or a dependency cycle.
     """
     groups = {group.name: group for group in manifest.groups}
-    order: list[str] = []
+    subjects: set[str] = set()
 
     def visit(current: str, path: list[str]) -> None:
         if current in path:
             cycle = " -> ".join([*path[path.index(current) :], current])
             raise SeriesError(f"the groups depend on each other in a cycle: {cycle}")
         if current not in groups:
-            known = ", ".join(groups) or "none"
             by = f" (a dependency of {path[-1]!r})" if path else ""
-            raise SeriesError(f"no group {current!r}{by}; the groups are: {known}")
+            raise SeriesError(f"no group {current!r}{by}; the groups: {', '.join(groups)}")
+        subjects.update(normalise(s) for s in groups[current].patches)
         for dependency in groups[current].depends:
             visit(dependency, [*path, current])
-        if current not in order:
-            order.append(current)
 
     visit(name, [])
-    return order
-
-
-def group_patches(manifest: Manifest, name: str) -> list[PatchEntry]:
-    """The patches a group is applied as: its own and its dependencies', in series order."""
-    groups = {group.name: group for group in manifest.groups}
-    subjects = {normalise(s) for dep in group_order(manifest, name) for s in groups[dep].patches}
     return [p for p in manifest.patches if normalise(p.subject) in subjects]
 
 
@@ -235,12 +227,8 @@ def group_problems(manifest: Manifest) -> list[str]:
             elif key in owner:
                 found.append(f"{subject!r} is in two groups, {owner[key]!r} and {group.name!r}")
             owner.setdefault(key, group.name)
-    if manifest.groups:
-        found += [
-            f"{p.file} is in no group"
-            for p in manifest.patches
-            if normalise(p.subject) not in owner
-        ]
+    found += [f"{p.file} is in no group" for p in manifest.patches
+              if manifest.groups and normalise(p.subject) not in owner]  # fmt: skip
     for group in manifest.groups:
         own = {subjects[normalise(s)] for s in group.patches if normalise(s) in subjects}
         try:
