@@ -4,9 +4,9 @@ The group (``"series"."groups"``) is applied with the groups it depends on,
 in series order, onto the commit ``export`` takes as the series' base, in a
 scratch repository reading the checkout's objects, each commit checked as
 ``apply`` checks it.  Only then is branch ``pr/<group>`` created in the
-checkout, in one atomic step; nothing else there changes, and a refusal (an unknown
-or fork-only group, an existing branch, an inconsistent manifest) changes
-nothing.  ``--signoff``: the user (``git var GIT_COMMITTER_IDENT``) becomes
+checkout, in one atomic step; nothing else there changes, and a refusal
+(an unknown or fork-only group, an existing branch, an inconsistent
+manifest) changes nothing.  ``--signoff``: the user (``git var GIT_COMMITTER_IDENT``) becomes
 the author and signs each commit off, as the DCO asks; no config is written.
 The description follows vLLM's pull-request template: each patch message
 but its "Validation" section under Purpose, the tests the patches add or
@@ -16,6 +16,7 @@ change under Test Plan, the "Validation" sections under Test Result.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from . import base as base_mod
@@ -26,7 +27,8 @@ from . import manifest as manifest_mod
 from .apply import ensure_default_checkout
 from .errors import SeriesError
 
-SECTIONS = ("What changes", "Why", "Contract", "Compatibility", "Validation")
+# The title line of a section of a patch message, e.g. "Validation (CPU)".
+TITLE = re.compile(r"(What changes|Why|Contract|Compatibility|Validation)( \(.*\))?")
 
 
 def make_pr(
@@ -73,13 +75,10 @@ def make_pr(
         images = patchset.images(files)
         identity = g.user_identity(repo)
         paths = sorted(manifest.base.touched_files)
-        with (
-            scratch.checkout(repo, base, paths) as full,
-            scratch.checkout(repo, base, paths) as work,
-        ):
-            # The whole series gives the placement check every patch's preimage.
-            patchset.am(full, manifest.patch_paths(patch_dir))
-            scratch.add_alternate(work, full)
+        with scratch.checkout(repo, base, paths) as work:
+            # The whole series leaves every patch's preimage for the placement check.
+            patchset.am(work, manifest.patch_paths(patch_dir))
+            g.git(work, "reset", "-q", "--hard", base)
             commits = scratch.apply_patches(work, files, images, f"{base[:12]}", identity)
             text = describe(work, manifest, name, entries, own, commits, files)
             if signoff:
@@ -112,10 +111,11 @@ def describe(work: Path, manifest, name: str, entries, own: set[str], commits, f
             deps.append(f"- {entry.subject}")
             continue
         body = g.out(work, "show", "-s", "--format=%b", commit).splitlines()
-        body = [line for line in body if not line.startswith("Signed-off-by:")]
-        cut = next((n for n, line in enumerate(body) if _heading(line, "Validation")), len(body))
-        purpose += [f"### {entry.subject}", "", *map(_bold, body[:cut])]
-        result += [f"### {entry.subject}", "", *map(_bold, body[cut:]), ""]
+        body = [f"**{line}**" if TITLE.fullmatch(line) else line for line in body
+                if not line.startswith("Signed-off-by:")]  # fmt: skip
+        cut = next((n for n, line in enumerate(body) if line.startswith("**Validation")), len(body))
+        purpose += [f"### {entry.subject}", "", *body[:cut]]
+        result += [f"### {entry.subject}", "", *body[cut:], ""]
         plan += [t for t in patchset.files_touched(work, patch) if seriestest.is_test_file(t)]
     group = next(group for group in manifest.groups if group.name == name)
     if group.depends:
@@ -126,16 +126,6 @@ def describe(work: Path, manifest, name: str, entries, own: set[str], commits, f
     command = "VLLM_TARGET_DEVICE=cpu python -m pytest -q -rs " + " ".join(sorted(set(plan)))
     text = ["## Purpose", "", *purpose, "## Test Plan", "", "```sh", command, "```", ""]
     return "\n".join([*text, "## Test Result", "", *result]).rstrip("\n") + "\n"
-
-
-def _heading(line: str, *titles: str) -> bool:
-    """Whether ``line`` is the title of a section of a patch message, e.g.
-    ``Validation (CPU, ...)``; ``titles``: one of those (default: any)."""
-    return any(line == t or line.startswith(f"{t} (") for t in titles or SECTIONS)
-
-
-def _bold(line: str) -> str:
-    return f"**{line}**" if _heading(line) else line
 
 
 def run(args: argparse.Namespace) -> int:

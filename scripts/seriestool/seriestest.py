@@ -11,12 +11,9 @@ mostly vLLM's per-test distributed cleanup), and ruff runs with vLLM's own
 configuration (the base's pyproject.toml) on every Python file the series
 touches.
 
-Then each upstream group of the manifest (``"series"."groups"``) on its own:
-its patches and those of the groups it depends on, in series order, onto a
-fresh clone of the base, with the tests they add or change and the
-regression tests.  A fork-only group is not tested on its own, nor a group
-whose patches are a prefix's or another group's, tested already (a line
-says so); groups that ``check-manifest`` refuses fail the run.
+Then each upstream group (``"series"."groups"``) on its own: its and its
+dependencies' patches onto the base, with their tests and the regression
+tests; not a fork-only group, nor a set of patches tested already.
 
 How vLLM's tests run on a CPU machine (and why):
 - ``VLLM_TARGET_DEVICE=cpu``: a source tree has no package metadata, so
