@@ -19,6 +19,8 @@ KEEP ?=
 NOTEST ?=
 JSON ?=
 FORCE ?=
+GROUP ?=
+SIGNOFF ?=
 # Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
 ARGS ?=
 
@@ -27,7 +29,7 @@ ARGS ?=
 opt = $(if $($(2)),$(1) "$$$(2)")
 
 .PHONY: venv base apply export check-manifest check rebase compare restore test test-tooling \
-	test-series lint device-bundle
+	test-series lint device-bundle pr
 
 venv:
 	@python3 scripts/bootstrap_venv.py
@@ -80,6 +82,11 @@ test-series: venv
 lint: venv
 	$(PY) -m ruff check scripts tests
 	$(PY) -m ruff format --check scripts tests
+
+# A pull-request group as branch pr/<GROUP> in VLLM= (default work/vllm), and
+# its description under work/pr/; SIGNOFF=1 re-signs the commits as you.
+pr: venv
+	$(SERIES) pr --group "$$GROUP" $(call opt,--vllm,VLLM) $(if $(SIGNOFF),--signoff)
 
 device-bundle: venv
 	$(SERIES) device-bundle

@@ -7,6 +7,8 @@ recorded one, when a file is listed but missing or present but unlisted,
 when the recorded touched files are not the files the patches touch, or when
 ``"series"."previous"`` names a subject that is none of the patches' (a
 manifest read from disk is refused for that already, naming the subject).
+The command also checks ``"series"."groups"`` (``manifest.group_problems``);
+``apply`` does not, so a patch just exported into no group still applies.
 
 When ``SERIES.md`` sits beside the patch folder (the repository's root, next
 to ``patches/``), its "Stable patch IDs" table and the subjects of its "Order
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     manifest_path = Path(args.manifest) if args.manifest else manifest_mod.MANIFEST_PATH
     patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_path.parent
     manifest = manifest_mod.load(manifest_path)
-    found = problems(manifest, patch_dir)
+    found = problems(manifest, patch_dir) + manifest_mod.group_problems(manifest)
     doc = patch_dir.resolve().parent / SERIES_DOC
     if doc.is_file():
         found += doc_problems(manifest, doc)

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "compare",
     "restore",
     "seriestest",
+    "pr",
     "device",
 )
 

@@ -16,8 +16,8 @@ From/To/Cc/extra headers, attachments, sign-off, base info or notes, and no
 diff order file.  Export also refreshes the manifest: the patch list,
 subjects, stable patch IDs, the sha256 of each file and the base blob id of
 every touched file.  The rest is kept as it was, ``"series"."previous"``
-included, but for its entries whose patch is gone (no patch has that subject
-any more): those are dropped, with a note.
+and ``"groups"`` included, but for the subjects of patches that are gone (no
+patch has that subject any more): those are dropped, with a note.
 
 Refusals, each changing nothing: an empty range (it would delete the series),
 a merge in the range, uncommitted changes under ``patches/`` (they would be
@@ -154,8 +154,8 @@ def refresh_manifest(
 ) -> manifest_mod.Manifest:
     """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``.
 
-    ``previous`` is carried over as it is, but for entries whose subject no
-    patch has any more: those are dropped, each with a note to ``log``.
+    ``previous`` and the groups are carried over as they are, but for subjects
+    no patch has any more: those are dropped, each with a note to ``log``.
     """
     manifest.patches = [
         manifest_mod.PatchEntry(
@@ -168,9 +168,9 @@ def refresh_manifest(
     ]
     touched = sorted({path for p in patch_files for path in patchset.files_touched(repo, p)})
     manifest.base.touched_files = g.blob_ids(repo, base, touched)
-    for subject in manifest.prune_previous():
+    for dropped in manifest.prune_departed():
         log(
-            f'note: dropped "previous" entry {subject!r} from the manifest: no patch has that'
+            f"note: dropped {dropped}: no patch has that"
             " subject any more (if it was renamed, record it again under its new subject)"
         )
     return manifest

@@ -21,6 +21,11 @@ One file records, once, everything the tooling checks against:
   so that ``compare`` pairs a rewrite that ``git range-diff`` cannot.
   Subjects, not file names, so renumbering and re-export keep it.  Written
   only when non-empty: a manifest without it round-trips byte for byte.
+- optionally, in ``"series"``, ``"groups"``: the pull requests the series is
+  meant to go upstream as, each ``{"name", "patches" (subjects), "depends"
+  (group names), "upstream" (false: fork-only), "why"}``.  A group is applied
+  onto the base as the patches of the groups it depends on, transitively,
+  then its own, in series order (``group_patches``).
 """
 
 from __future__ import annotations
@@ -68,6 +73,15 @@ class RegressionTests:
 
 
 @dataclasses.dataclass
+class Group:
+    name: str
+    patches: list[str]  # subjects
+    depends: list[str] = dataclasses.field(default_factory=list)
+    upstream: bool = True
+    why: str = ""
+
+
+@dataclasses.dataclass
 class Manifest:
     name: str
     version: str
@@ -76,6 +90,7 @@ class Manifest:
     regression_tests: RegressionTests
     # Patch subject -> subjects of the previous version's patches it derives from.
     previous: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    groups: list[Group] = dataclasses.field(default_factory=list)
 
     @property
     def branch_name(self) -> str:
@@ -89,6 +104,8 @@ class Manifest:
         series: dict = {"name": self.name, "version": self.version}
         if self.previous:
             series["previous"] = self.previous
+        if self.groups:
+            series["groups"] = [dataclasses.asdict(group) for group in self.groups]
         data = {
             "series": series,
             "base": dataclasses.asdict(self.base),
@@ -103,14 +120,19 @@ class Manifest:
         tmp.write_text(self.to_json())
         tmp.replace(path)
 
-    def prune_previous(self) -> list[str]:
-        """Drop the ``previous`` entries whose subject is no patch's any more;
-        returns the dropped subjects (the rest is kept as it was)."""
+    def prune_departed(self) -> list[str]:
+        """Drop the subjects that are no patch's any more from ``previous`` and
+        from the groups; returns what was dropped, in words (the rest is kept)."""
         subjects = {normalise(p.subject) for p in self.patches}
-        gone = [key for key in self.previous if normalise(key) not in subjects]
-        for key in gone:
+        dropped = []
+        for key in [key for key in self.previous if normalise(key) not in subjects]:
             del self.previous[key]
-        return gone
+            dropped.append(f'"previous" entry {key!r} from the manifest')
+        for group in self.groups:
+            gone = [s for s in group.patches if normalise(s) not in subjects]
+            group.patches = [s for s in group.patches if s not in gone]
+            dropped += [f"{s!r} from the manifest's group {group.name!r}" for s in gone]
+        return dropped
 
 
 def normalise(subject: str) -> str:
@@ -158,6 +180,72 @@ def previous_problems(manifest: Manifest) -> list[str]:
     return found
 
 
+def group_patches(manifest: Manifest, name: str) -> list[PatchEntry]:
+    """The patches group ``name`` is applied as, in series order: its own and
+    those of the groups it depends on, transitively.
+
+    Raises:
+        SeriesError: an unknown group (listing the groups) or a dependency cycle.
+    """
+    groups = {group.name: group for group in manifest.groups}
+    subjects: set[str] = set()
+
+    def visit(current: str, path: list[str]) -> None:
+        if current in path:
+            cycle = " -> ".join([*path[path.index(current) :], current])
+            raise SeriesError(f"the groups depend on each other in a cycle: {cycle}")
+        if current not in groups:
+            by = f" (a dependency of {path[-1]!r})" if path else ""
+            raise SeriesError(f"no group {current!r}{by}; the groups: {', '.join(groups)}")
+        subjects.update(normalise(s) for s in groups[current].patches)
+        for dependency in groups[current].depends:
+            visit(dependency, [*path, current])
+
+    visit(name, [])
+    return [p for p in manifest.patches if normalise(p.subject) in subjects]
+
+
+def group_problems(manifest: Manifest) -> list[str]:
+    """What is wrong with ``manifest.groups`` (empty: nothing, or no groups).
+
+    Every patch is in exactly one group, every subject a group names is a
+    patch's, every dependency a group, with no cycle, and every group's
+    patches come after those of the groups it depends on (so applying the
+    set in series order applies the dependencies first).
+    """
+    subjects = {normalise(p.subject): n for n, p in enumerate(manifest.patches)}
+    names = [group.name for group in manifest.groups]
+    found = [f"two groups are named {n!r}" for n in sorted(set(names)) if names.count(n) > 1]
+    owner: dict[str, str] = {}
+    for group in manifest.groups:
+        for subject in group.patches:
+            key = normalise(subject)
+            if key not in subjects:
+                close = difflib.get_close_matches(subject, [p.subject for p in manifest.patches], 1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                found.append(f"group {group.name!r} names {subject!r}, no patch's subject{hint}")
+            elif key in owner:
+                found.append(f"{subject!r} is in two groups, {owner[key]!r} and {group.name!r}")
+            owner.setdefault(key, group.name)
+    found += [f"{p.file} is in no group" for p in manifest.patches
+              if manifest.groups and normalise(p.subject) not in owner]  # fmt: skip
+    for group in manifest.groups:
+        own = {subjects[normalise(s)] for s in group.patches if normalise(s) in subjects}
+        try:
+            deps = [subjects[normalise(p.subject)] for p in group_patches(manifest, group.name)]
+        except SeriesError as e:
+            found += [str(e)] if str(e) not in found else []
+            continue
+        late = [n for n in deps if n not in own and own and n > min(own)]
+        if late:
+            found.append(
+                f"group {group.name!r}: {manifest.patches[min(own)].file} comes before"
+                f" {', '.join(manifest.patches[n].file for n in late)} of the groups it depends"
+                " on; a group's patches must come after its dependencies' in the series"
+            )
+    return found
+
+
 def load(path: Path = MANIFEST_PATH) -> Manifest:
     """Read and validate the manifest.
 
@@ -188,6 +276,7 @@ def load(path: Path = MANIFEST_PATH) -> Manifest:
             patches=[PatchEntry(**p) for p in data["patches"]],
             regression_tests=RegressionTests(**data.get("regression_tests", {})),
             previous=data["series"].get("previous", {}),
+            groups=[Group(**group) for group in data["series"].get("groups", [])],
         )
     except (KeyError, TypeError, AttributeError) as e:
         raise SeriesError(f"manifest {path} is missing or mistypes field {e}") from None

@@ -11,6 +11,10 @@ mostly vLLM's per-test distributed cleanup), and ruff runs with vLLM's own
 configuration (the base's pyproject.toml) on every Python file the series
 touches.
 
+Then each upstream group (``"series"."groups"``) on its own: its and its
+dependencies' patches onto the base, with their tests and the regression
+tests; not a fork-only group, nor a set of patches tested already.
+
 How vLLM's tests run on a CPU machine (and why):
 - ``VLLM_TARGET_DEVICE=cpu``: a source tree has no package metadata, so
   vLLM's platform detection would otherwise resolve to an unspecified
@@ -134,7 +138,8 @@ def check_prefixes(
     only_full: bool = False,
     base_repo: Path | None = None,
 ) -> int:
-    """Run the prefix checks; returns 0 when every prefix applies and passes.
+    """Run the prefix checks, then each upstream group's (``group_plan``);
+    returns 0 when every prefix and group applies and passes.
 
     Args:
         base_repo: a repository whose ``base`` branch is the base to test on
@@ -152,39 +157,49 @@ def check_prefixes(
     scratch_root = base_mod.WORK_DIR / "test-series"
     rows = []
     failed: list[str] = []  # the failed steps, each with what failed in it
-    start = len(patches) if only_full else 1
-    for k in range(start, len(patches) + 1):
-        prefix = patches[:k]
-        checkout = scratch_root / f"prefix-{k:02d}"
+    # (label, its patches or None: not tested, why not, scratch folder name)
+    sets = [
+        (f"prefix 0001..{patches[k - 1].name[:4]}", patches[:k], "", f"prefix-{k:02d}")
+        for k in range(len(patches) if only_full else 1, len(patches) + 1)
+    ]
+    problems = [] if only_full else manifest_mod.group_problems(manifest)
+    failed += [f"groups (none tested): {problem}" for problem in problems]
+    for name, numbers, what in [] if only_full or problems else group_plan(manifest):
+        chosen = None if numbers is None else [patches[n] for n in numbers]
+        sets.append((f"group {name}", chosen, what, f"group-{name}"))
+    for label, chosen, what, folder in sets:
+        if chosen is None:
+            print(f"\n=== {label}: {what}")
+            rows.append((label, "-", what, "-"))
+            continue
+        checkout = scratch_root / folder
         shutil.rmtree(checkout, ignore_errors=True)
         checkout.parent.mkdir(parents=True, exist_ok=True)
         base_mod.clone(repo, checkout)
-        label = f"0001..{prefix[-1].name[:4]}"
         start = g.rev(checkout, "HEAD")
         try:
-            patchset.am(checkout, prefix)
+            patchset.am(checkout, chosen)
         except SeriesError as e:
             rows.append((label, "-", "does not apply", "-"))
-            print(f"prefix {label}: {e}")
-            failed.append(f"prefix {label}: does not apply")
+            print(f"{label}: {e}")
+            failed.append(f"{label}: does not apply")
             continue
-        own = patch_tests(checkout, prefix[-1])
-        if not own:
-            rows.append((label, "-", f"{prefix[-1].name} adds or changes no test", "-"))
-            failed.append(f"prefix {label}: {prefix[-1].name} adds or changes no test")
+        prefix, full = label.startswith("prefix"), chosen == patches
+        if prefix and not patch_tests(checkout, chosen[-1]):
+            rows.append((label, "-", f"{chosen[-1].name} adds or changes no test", "-"))
+            failed.append(f"{label}: {chosen[-1].name} adds or changes no test")
             continue
-        tests = sorted({t for p in prefix for t in patch_tests(checkout, p)})
-        full = k == len(patches)
-        if full:
+        tests = sorted({t for p in chosen for t in patch_tests(checkout, p)})
+        if full or not prefix:
             tests += manifest.regression_tests.paths
-        print(f"\n=== prefix {label}: pytest {' '.join(tests)}")
+        print(f"\n=== {label}: {what or 'pytest'} {' '.join(tests)}")
         rc, summary, nodes = run_pytest(checkout, tests, manifest.regression_tests.deselect)
         if rc == 5:
             summary = "no tests collected (pytest exit 5)"
         if rc != 0:
-            failed.append(f"pytest on prefix {label}: " + (", ".join(nodes) or summary))
+            failed.append(f"pytest on {label}: " + (", ".join(nodes) or summary))
         lint = "-"
-        if full:
+        if full and prefix:
             differ = round_trip_differences(checkout, start, patches)
             print(f"\n=== apply/export round trip: {'ok' if not differ else 'DIFFERS'}")
             for line in differ:
@@ -199,10 +214,34 @@ def check_prefixes(
             if lint_rc != 0:
                 failed.append("ruff (vLLM config): " + (", ".join(lint_files) or "see its output"))
         rows.append((label, len(tests), summary, lint))
-    print("\n" + table(("prefix", "test files", "pytest", "ruff"), rows))
+    print("\n" + table(("prefix or group", "test files", "pytest", "ruff"), rows))
     for step in failed:
         print(f"{FAILED_STEP}{step}")
     return 1 if failed else 0
+
+
+def group_plan(manifest: manifest_mod.Manifest) -> list[tuple[str, list[int] | None, str]]:
+    """What ``test-series`` does with each group: ``(name, the indexes of the
+    patches to test, or None: none, what they are or why none)``.  A group's
+    patches are its dependencies' and its own; a set tested already (a prefix,
+    another group) is not tested again, nor a fork-only group.  The groups
+    must be valid (``manifest.group_problems``)."""
+    index = {p.file: n for n, p in enumerate(manifest.patches)}
+    done = {
+        tuple(range(k)): f"prefix 0001..{p.file[:4]}" for k, p in enumerate(manifest.patches, 1)
+    }
+    plan = []
+    for group in manifest.groups:
+        numbers = tuple(index[p.file] for p in manifest_mod.group_patches(manifest, group.name))
+        if not group.upstream:
+            plan.append((group.name, None, "fork-only: not tested on its own"))
+        elif numbers in done:
+            plan.append((group.name, None, f"same patches as {done[numbers]}, tested: skipped"))
+        else:
+            done[numbers] = f"group {group.name}"
+            files = ", ".join(manifest.patches[n].file[:4] for n in numbers)
+            plan.append((group.name, list(numbers), f"patches {files}, pytest"))
+    return plan
 
 
 def run(args: argparse.Namespace) -> int:
@@ -210,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("test-series", help="every prefix applies and passes its tests")
+    p = subparsers.add_parser(
+        "test-series", help="every prefix and upstream group applies and passes its tests"
+    )
     p.add_argument("--full-only", action="store_true", help="only the whole series")
     p.set_defaults(func=run)

@@ -1,0 +1,145 @@
+"""``pr``: one pull-request group of the series as a branch, and its description.
+
+The group (``"series"."groups"``) is applied with the groups it depends on,
+in series order, onto the commit ``export`` takes as the series' base, in a
+scratch repository reading the checkout's objects, each commit checked as
+``apply`` checks it.  Only then is branch ``pr/<group>`` created in the
+checkout, in one atomic step; nothing else there changes, and a refusal
+(an unknown or fork-only group, an existing branch, an inconsistent
+manifest) changes nothing.  ``--signoff``: the user (``git var GIT_COMMITTER_IDENT``) becomes
+the author and signs each commit off, as the DCO asks; no config is written.
+The description follows vLLM's pull-request template: each patch message
+but its "Validation" section under Purpose, the tests the patches add or
+change under Test Plan, the "Validation" sections under Test Result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from . import base as base_mod
+from . import check_manifest, hints, interrupts, journal, patchset, scratch, seriestest
+from . import export as export_mod
+from . import git as g
+from . import manifest as manifest_mod
+from .apply import ensure_default_checkout
+from .errors import SeriesError
+
+# The title line of a section of a patch message, e.g. "Validation (CPU)".
+TITLE = re.compile(r"(What changes|Why|Contract|Compatibility|Validation)( \(.*\))?")
+
+
+def make_pr(
+    repo: Path,
+    manifest: manifest_mod.Manifest,
+    name: str,
+    patch_dir: Path = manifest_mod.PATCH_DIR,
+    signoff: bool = False,
+    log=print,
+) -> Path:
+    """Create branch ``pr/<name>`` in ``repo`` and write its description; returns its path.
+
+    Raises:
+        SeriesError: a refusal (see the module doc); nothing was changed.
+        interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; nothing was changed.
+    """
+    with interrupts.deferred() as guard:
+        if not g.is_repo(repo):
+            raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name a vLLM git checkout")
+        repo = g.toplevel(repo)
+        problems = check_manifest.problems(manifest, patch_dir)
+        if problems := problems + manifest_mod.group_problems(manifest):
+            raise SeriesError(
+                "the manifest or the patch files are not consistent; run"
+                f" `{hints.make('check-manifest')}`:\n  " + "\n  ".join(problems)
+            )
+        groups = {group.name: group for group in manifest.groups}
+        if name not in groups or not groups[name].upstream:
+            why = "is fork-only: not meant to go upstream" if name in groups else "is no group"
+            listing = [f"  {x.name} ({'upstream' if x.upstream else 'fork-only'}): {x.why}"
+                       for x in manifest.groups]  # fmt: skip
+            raise SeriesError(f"{name!r} {why}; the groups:\n" + "\n".join(listing))
+        journal.refuse_leftover(repo)
+        branch = f"pr/{name}"
+        if g.rev(repo, f"refs/heads/{branch}"):
+            raise SeriesError(
+                f"branch {branch} already exists in {repo}; delete it"
+                f" (`{hints.git(repo, 'branch', '-D', branch)}`) and run again"
+            )
+        base = export_mod.resolve_base(repo, manifest, None, manifest.branch_name)
+        entries = manifest_mod.group_patches(manifest, name)
+        own = {manifest_mod.normalise(s) for s in groups[name].patches}
+        files = [patch_dir / p.file for p in entries]
+        images = patchset.images(files)
+        identity = g.user_identity(repo)
+        paths = sorted(manifest.base.touched_files)
+        with scratch.checkout(repo, base, paths) as work:
+            # The whole series leaves every patch's preimage for the placement check.
+            patchset.am(work, manifest.patch_paths(patch_dir))
+            g.git(work, "reset", "-q", "--hard", base)
+            commits = scratch.apply_patches(work, files, images, f"{base[:12]}", identity)
+            text = describe(work, manifest, name, entries, own, commits, files)
+            if signoff:
+                author = {"GIT_AUTHOR_NAME": identity["GIT_COMMITTER_NAME"],
+                          "GIT_AUTHOR_EMAIL": identity["GIT_COMMITTER_EMAIL"]}  # fmt: skip
+                g.git(work, "rebase", "-q", "--exec",
+                      "git commit -q --amend --no-edit --reset-author -s", base,
+                      env={**identity, **author})  # fmt: skip
+            tip = g.out(work, "rev-parse", "HEAD")
+            g.git(work, "config", "uploadpack.allowAnySHA1InWant", "true")
+            g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
+                  str(work), tip)  # fmt: skip
+        # The one change to the checkout, atomic (and only if the branch is
+        # still absent): no journal is needed to undo half of it.
+        g.git(repo, "update-ref", "-m", "seriestool pr", f"refs/heads/{branch}", tip, "0" * 40)
+        guard.completed()
+    out = base_mod.WORK_DIR / "pr" / f"{name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    log(f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, ready to push")
+    log(f"pull-request description: {out}")
+    return out
+
+
+def describe(work: Path, manifest, name: str, entries, own: set[str], commits, files) -> str:
+    """The pull request's description in vLLM's template, from the commit messages."""
+    purpose, plan, result, deps = [], [], [], []
+    for entry, commit, patch in zip(entries, commits, files, strict=True):
+        if manifest_mod.normalise(entry.subject) not in own:
+            deps.append(f"- {entry.subject}")
+            continue
+        body = g.out(work, "show", "-s", "--format=%b", commit).splitlines()
+        body = [f"**{line}**" if TITLE.fullmatch(line) else line for line in body
+                if not line.startswith("Signed-off-by:")]  # fmt: skip
+        cut = next((n for n, line in enumerate(body) if line.startswith("**Validation")), len(body))
+        purpose += [f"### {entry.subject}", "", *body[:cut]]
+        result += [f"### {entry.subject}", "", *body[cut:], ""]
+        plan += [t for t in patchset.files_touched(work, patch) if seriestest.is_test_file(t)]
+    group = next(group for group in manifest.groups if group.name == name)
+    if group.depends:
+        purpose[:0] = [
+            f"Depends on the pull requests of {', '.join(group.depends)}, whose commits come"
+            " first on this branch:", *deps, "",
+        ]  # fmt: skip
+    command = "VLLM_TARGET_DEVICE=cpu python -m pytest -q -rs " + " ".join(sorted(set(plan)))
+    text = ["## Purpose", "", *purpose, "## Test Plan", "", "```sh", command, "```", ""]
+    return "\n".join([*text, "## Test Result", "", *result]).rstrip("\n") + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    manifest = manifest_mod.load()
+    repo = args.vllm or ensure_default_checkout(manifest)
+    make_pr(repo, manifest, args.group, signoff=args.signoff)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pr", help="one pull-request group as a branch, with its description")
+    p.add_argument("--group", required=True, help="the group's name (patches/series.json)")
+    p.add_argument(
+        "--vllm", type=hints.user_path, help="vLLM checkout (default: work/vllm from make apply)"
+    )
+    p.add_argument("--signoff", action="store_true", help="re-sign the commits as yourself")
+    p.set_defaults(func=run)
