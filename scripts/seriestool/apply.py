@@ -189,18 +189,8 @@ def _apply(
     return 0
 
 
-def switch(
-    repo: Path,
-    op: str,
-    start: str,
-    tip: str,
-    head_to: str,
-    scope: journal.Scope,
-    created: dict[str, set[str]],
-    log,
-    before=(),
-    after=(),
-) -> None:
+def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
+           created: dict[str, set[str]], log, before=(), after=()) -> None:  # fmt: skip
     """Move ``repo``'s work tree and index from ``start`` to ``tip`` and HEAD to
     ``head_to`` (a ref, or a commit to detach at), running the git commands
     ``before`` and ``after`` that, in one journaled transaction: a failure or a
@@ -231,19 +221,25 @@ def switch(
 
 def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
     """The refusal of a checkout not at the pinned base, with the way there: the
-    upstream tag where the checkout is an upstream clone, else the base commit."""
-    b = manifest.base
-    tag = f"v{b.version}"
-    tagged = g.rev(repo, f"refs/tags/{tag}")
-    remote = _upstream_remote(repo)
+    upstream tag in an upstream clone (it has the tag or a remote of upstream
+    vLLM), where the tag has the base's files; else the materialised base."""
+    b, checkout = (
+        manifest.base,
+        f"{hints.git(repo, 'checkout', '--detach', f'v{manifest.base.version}')}",
+    )
+    tagged = g.rev(repo, f"refs/tags/v{b.version}")
+    urls = g.git(repo, "config", "--get-regexp", r"^remote\..*\.url$", check=False).stdout.split(
+        "\n"
+    )
+    remote = next((key[7:-4] for key, _, url in (u.partition(" ") for u in urls)
+                   if "github.com/vllm-project/vllm" in url.lower()), None)  # fmt: skip
     if tagged and g.blob_ids(repo, tagged, sorted(b.touched_files)) == b.touched_files:
-        way = (f"Its tag {tag} has the base's files (blob ids compared); check it out with\n    "
-               + hints.git(repo, "checkout", "--detach", tag))  # fmt: skip
+        way = f"Its tag v{b.version} has the base's files (blob ids compared):\n    {checkout}"
     elif remote and not tagged:
-        way = (f"It is a clone of upstream vLLM (remote {remote}), whose tag {tag} has the base's"
-               " files; fetch the tag and check it out with\n    "
-               + hints.git(repo, "fetch", "--no-tags", remote, "tag", tag) + " && "
-               + hints.git(repo, "checkout", "--detach", tag))  # fmt: skip
+        way = (f"It clones upstream vLLM (remote {remote}), whose tag v{b.version} has the base's"
+               " files (README: Troubleshooting); fetch the tag and check it out with\n    "
+               + hints.git(repo, "fetch", "--no-tags", remote, "tag", f"v{b.version}")
+               + f" && {checkout}")  # fmt: skip
     else:
         way = (
             f"The series applies to the base commit {b.commit} (`base.commit` in"
@@ -261,41 +257,22 @@ def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
     )
 
 
-def _upstream_remote(repo: Path) -> str | None:
-    """The remote whose URL is upstream vLLM's GitHub repository, if any."""
-    urls = g.git(repo, "config", "--get-regexp", r"^remote\..*\.url$", check=False).stdout
-    for line in urls.splitlines():
-        key, _, url = line.partition(" ")
-        if "vllm-project/vllm" in url.lower().removesuffix(".git").rstrip("/") + "/":
-            return key[len("remote.") : -len(".url")]
-    return None
-
-
 def _upgrade(repo: Path, head: str, held: versions.Held, manifest, patch_dir: Path) -> str:
     """The refusal of a checkout carrying another version of the series, with
     the upgrade: a branch of this version from the commit that one started from."""
     apply_again = hints.make("apply", VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
-    count = "all" if held.held == held.total else f"{held.held} of"
     branch = g.out(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-    recorded = branch and g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}",
-                                check=False).stdout.strip()  # fmt: skip
-    below = g.rev(repo, f"{head}~{held.held}")
+    config = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
+    start = (branch and config.stdout.strip()) or g.rev(repo, f"{head}~{held.held}")
     paths = sorted(held.manifest.base.touched_files)
-    kept = f"branch {branch} stays as it is" if branch else f"commit {head[:12]} stays"
-    if recorded:
-        way = hints.make("remove", VLLM=str(repo)) + " && " + apply_again
-    elif below and g.blob_ids(repo, below, paths) == held.manifest.base.touched_files:
-        way = (hints.git(repo, "checkout", "--detach", below) + " && "
-               + apply_again)  # fmt: skip
-    else:
-        return (f"{repo} carries series {held.state.label} ({count} {held.total} patches), not"
-                f" v{manifest.version}; check out the commit it was applied to and run"
-                f" `{apply_again}` there")  # fmt: skip
+    found = f"{repo} carries series {held.state.label} ({held.held} of {held.total} patches)"
+    if not start or g.blob_ids(repo, start, paths) != held.manifest.base.touched_files:
+        return f"{found}; check out the commit it was applied to and run `{apply_again}` there"
     return (
-        f"{repo} carries series {held.state.label} ({count} {held.total} patches): its files"
-        f" hold that version's result, not v{manifest.version}'s.  To upgrade, apply"
-        f" v{manifest.version} on its own branch {manifest.branch_name} from the commit that"
-        f" series started from ({kept}):\n    {way}"
+        f"{found}: its files hold that version's state, not v{manifest.version}'s.  To upgrade,"
+        f" apply v{manifest.version} on its own branch {manifest.branch_name} from the commit"
+        f" that series started from (the {'branch ' + branch if branch else 'commit'} stays):"
+        f"\n    {hints.git(repo, 'checkout', '--detach', start)} && {apply_again}"
     )
 
 

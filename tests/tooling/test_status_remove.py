@@ -35,12 +35,14 @@ def _tracked(repo) -> dict:
 def test_status_names_version_base_and_commits_beyond(toy_series):
     repo, manifest, patch_dir = toy_series
     base = repo.head()
-    assert "series: none; HEAD has the pinned base's files" in _status(repo, patch_dir)
+    assert "series: none; HEAD has the files of the pinned base" in _status(repo, patch_dir)
     _apply(repo, manifest, patch_dir)
     shown = _status(repo, patch_dir)
     assert "series: v1 (working tree), all 2 patches applied" in shown
-    assert f"base: {base[:12]}" in shown
-    assert f"commits beyond the series on {manifest.branch_name}: 0" in shown
+    assert (
+        f"base: {base} (recorded by apply); commits beyond the series on {manifest.branch_name}: 0"
+        in shown
+    )
     repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
     assert f"commits beyond the series on {manifest.branch_name}: 1" in _status(repo, patch_dir)
 
@@ -137,11 +139,12 @@ def test_apply_names_an_earlier_version_and_its_upgrade_runs_as_printed(
     v2 = manifest_mod.load(v2_dir / "series.json")
     assert "series: v1 (commit" in _status(repo, v2_dir)
     before = snapshot(repo)
-    with pytest.raises(SeriesError, match=r"carries series v1 \(commit \w+\) \(all 1 patches\)") as e:
+    with pytest.raises(
+        SeriesError, match=r"carries series v1 \(commit \w+\) \(1 of 1 patches\)"
+    ) as e:
         _apply(repo, v2, v2_dir)
     assert snapshot(repo) == before
     [command] = [line[4:] for line in str(e.value).splitlines() if line.startswith("    ")]
-    assert ("make -C" in command and " remove " in command) == recorded
     env = dict(os.environ, SERIES_WORK_DIR=str(make_work_dir))
     done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
                           text=True)  # fmt: skip
@@ -164,7 +167,7 @@ def test_apply_names_series_v1_of_this_repository(tmp_path):
     v1_dir = tmp_path / "v1"
     v1 = versions.write_patches(ROOT, versions.resolve(ROOT, "1"), v1_dir)
     apply_mod.apply_series(checkout, v1, v1_dir, log=lambda *_: None)
-    with pytest.raises(SeriesError, match=r"carries series v1 \(commit \w+\) \(all 5 patches\)"):
+    with pytest.raises(SeriesError, match=r"carries series v1 \(commit \w+\) \(5 of 5 patches\)"):
         apply_mod.apply_series(checkout, current, log=lambda *_: None)
 
 
