@@ -191,11 +191,9 @@ def _apply(
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
            created: dict[str, set[str]], log, before=(), after=()) -> None:  # fmt: skip
-    """Move ``repo``'s work tree and index from ``start`` to ``tip`` and HEAD to
-    ``head_to`` (a ref, or a commit to detach at), running the git commands
-    ``before`` and ``after`` that, in one journaled transaction: a failure or a
-    signal before it ends puts the checkout back (``journal``).  ``created``:
-    the paths ``start`` lacks that ``tip`` has, checked free by the caller."""
+    """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref, or
+    a commit to detach at), with git commands ``before`` and ``after``: one
+    journaled transaction (``created``: paths ``tip`` adds, checked free)."""
     tx = journal.Transaction.begin(repo, op, created, scope)
     try:
         for args in before:

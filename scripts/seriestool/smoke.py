@@ -1,15 +1,9 @@
-"""``smoke``: one fast test per patch, on CPU, in about a minute.
-
-The whole series is applied once to a clone of the base (``work/smoke``),
-and for each patch the first test pytest collects from the test files it
-adds (else those it changes) runs, all in one pytest run.  Derived from the
-patches themselves, it follows the series when patches are renamed,
-reordered, added or dropped.  ``test-series`` is the full check.
-"""
+"""``smoke``: the series applied once (``work/smoke``), then, per patch, the first
+test collected from the test files it adds (else changes): on CPU, in about a
+minute.  Derived from the patches, it follows renames and reordering."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -50,10 +44,6 @@ def smoke(manifest: manifest_mod.Manifest, patch_dir=manifest_mod.PATCH_DIR) -> 
     return rc
 
 
-def run(args: argparse.Namespace) -> int:
-    return smoke(manifest_mod.load())
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser("smoke", help="one fast test per patch, on CPU")
-    p.set_defaults(func=run)
+    p.set_defaults(func=lambda _args: smoke(manifest_mod.load()))

@@ -58,13 +58,8 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
 
 
 def remove(repo: Path, delete_branch: bool = False, log=print) -> int:
-    """Switch ``repo`` from its series branch back to where apply started it.
-
-    Raises:
-        SeriesError: a refusal (HEAD on no series branch, a change in
-            progress, a file in the way); the checkout is unchanged.
-        interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; the checkout is unchanged.
-    """
+    """Switch ``repo`` from its series branch back to where apply started it; a
+    refusal (SeriesError) or a signal (Interrupted) leaves it unchanged."""
     with apply.interrupts.deferred() as guard:
         repo, branch, head = _open(repo)
         apply.refuse_unsafe_state(repo)

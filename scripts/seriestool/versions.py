@@ -12,6 +12,8 @@ repository's checkout, index and refs are never written.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
 import re
@@ -182,24 +184,14 @@ def classify(
     return None, differ
 
 
-@dataclasses.dataclass(frozen=True)
-class Held:
-    """A series state whose first ``held`` of ``total`` patches a commit's files hold."""
-
-    state: SeriesVersion
-    held: int
-    total: int
-    manifest: manifest_mod.Manifest
+# A series state whose first ``held`` of ``total`` patches a commit's files hold.
+Held = collections.namedtuple("Held", "state held total manifest")
 
 
 def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
-    """Which series a commit of a vLLM checkout carries, judged by the blob ids of
-    the files each series touches (the history of the commit does not count).
-
-    The series in ``patch_dir`` is tried first, then every earlier state of
-    it in the history of the repository holding ``patch_dir`` (newest first).
-    None: none of them, or only their base.
-    """
+    """Which series a commit of a vLLM checkout carries, by the blob ids of the
+    files each touches: the one in ``patch_dir``, else its earlier states in
+    the history of the repository holding ``patch_dir`` (newest first)."""
     current = manifest_mod.load(patch_dir / MANIFEST)
     found = _held(repo, commit, SeriesVersion("", current.version, None), current, patch_dir)
     tooling = patch_dir.resolve().parent
@@ -213,11 +205,9 @@ def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
                 continue
             seen.add(text)
             state = SeriesVersion(rev, version, rev)
-            try:
-                manifest = write_patches(tooling, state, Path(tmp) / rev)
-            except SeriesError:
-                continue  # a broken state of the history is no version to recognise
-            found = _held(repo, commit, state, manifest, Path(tmp) / rev)
+            with contextlib.suppress(SeriesError):  # a broken state is no version
+                found = _held(repo, commit, state, write_patches(tooling, state, Path(tmp) / rev),
+                              Path(tmp) / rev)  # fmt: skip
             if found:
                 return found
     return None
