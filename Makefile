@@ -21,6 +21,7 @@ JSON ?=
 FORCE ?=
 GROUP ?=
 SIGNOFF ?=
+DELETE ?=
 # Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
 ARGS ?=
 
@@ -28,8 +29,29 @@ ARGS ?=
 # the environment make gives the recipe, so a path with spaces stays one word.
 opt = $(if $($(2)),$(1) "$$$(2)")
 
-.PHONY: venv base apply export check-manifest check rebase compare restore test test-tooling \
-	test-series lint device-bundle pr
+.PHONY: help venv base apply status remove export check-manifest check rebase compare restore \
+	test smoke test-tooling test-series lint device-bundle pr
+
+# The first target: a bare `make` lists the targets (README.md: "Make targets").
+help:
+	@echo "make apply [VLLM=<checkout>]      materialise vLLM v0.33.0 (or use VLLM=) and apply the series"
+	@echo "make status [VLLM=<checkout>]     which series version a checkout carries, on which base"
+	@echo "make remove [VLLM=<checkout>]     take the series out: back to where apply started (DELETE=1: drop its branch)"
+	@echo "make smoke                        one fast test per patch, on CPU (about a minute)"
+	@echo "make test                         everything CI runs: check-manifest, lint, test-tooling, test-series"
+	@echo "make test-tooling                 the tooling tests"
+	@echo "make test-series                  every series prefix applies and passes its tests; ruff on the touched files"
+	@echo "make export [BRANCH=] [BASE=]     write a checkout's series branch back into patches/"
+	@echo "make check-manifest               patch files and patches/series.json agree"
+	@echo "make check [CONSOLIDATED=<ref>]   audit a consolidated branch against the series"
+	@echo "make pr GROUP=<name> [SIGNOFF=1]  a pull-request group as a branch, with its description"
+	@echo "make rebase TO=<version|commit>   carry the series to another vLLM release or commit"
+	@echo "make compare FROM=<version>       range-diff two series versions, draft their changelog"
+	@echo "make restore [VLLM=<checkout>]    put back a checkout an interrupted apply or remove left part-way"
+	@echo "make base                         materialise the pinned base (cached) and print its commit"
+	@echo "make venv                         create or update .venv"
+	@echo "make device-bundle                pack what the GPU machine needs into .device/"
+	@echo "make lint                         ruff on the tooling"
 
 venv:
 	@python3 scripts/bootstrap_venv.py
@@ -39,6 +61,13 @@ base: venv
 
 apply: venv
 	$(SERIES) apply $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES)
+
+# Read or switch the checkout with git alone: no .venv needed.
+status:
+	@PYTHONPATH=scripts python3 -m seriestool status $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES)
+
+remove:
+	@PYTHONPATH=scripts python3 -m seriestool remove $(call opt,--vllm,VLLM) $(if $(DELETE),--delete-branch)
 
 export: venv
 	$(SERIES) export $(call opt,--vllm,VLLM) $(call opt,--branch,BRANCH) $(call opt,--base,BASE)
@@ -72,6 +101,9 @@ restore:
 	@PYTHONPATH=scripts python3 -m seriestool restore $(call opt,--vllm,VLLM) $(if $(FORCE),--force)
 
 test: venv check-manifest lint test-tooling test-series
+
+smoke: venv
+	$(SERIES) smoke
 
 test-tooling: venv
 	$(PY) -m pytest tests/tooling

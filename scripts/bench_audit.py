@@ -3,7 +3,7 @@
 
 Builds, in a temporary folder, a consolidated history of N commits (default
 16,800, the size of a long-lived vLLM fork) on the pinned base (the real
-vLLM 0.33.0 tree): the five series patches at spread-out points, every other
+vLLM 0.33.0 tree): the series patches at spread-out points, every other
 commit changing one other file of the tree.  Then, in the same run, times:
 
 - raw: ``git log -p --no-merges BASE..TIP -- <series paths> | git patch-id

@@ -37,14 +37,16 @@ import argparse
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, hints, interrupts, journal, patchset, placement, scratch
+from . import check_manifest, hints, interrupts, journal, patchset, placement, scratch, versions
 from . import git as g
 from . import manifest as manifest_mod
 from .errors import SeriesError
 from .report import table
 
-# Branch config key recording where an applied series starts (read by export).
+# Branch config keys recording the commit an applied series starts from (read
+# by export) and the branch (or commit) HEAD was on before (read by remove).
 SERIES_BASE_KEY = "seriesBase"
+SERIES_FROM_KEY = "seriesFrom"
 
 
 def default_checkout() -> Path:
@@ -84,29 +86,6 @@ def refuse_unsafe_state(repo: Path) -> None:
         )
 
 
-def _describe(blob: str | None) -> str:
-    return "absent" if blob is None else f"blob {blob[:12]}"
-
-
-def classify(
-    head: dict[str, str | None], states: list[dict[str, str | None]]
-) -> tuple[int | None, list[str]]:
-    """How many patches the checkout's files hold: ``(k, [])`` when they are
-    exactly the series after ``k`` patches, else ``(None, differences from the base)``."""
-    for k in (len(states) - 1, 0, *range(1, len(states) - 1)):
-        if head == states[k]:
-            return k, []
-    base, result = states[0], states[-1]
-    differ = []
-    for path in sorted(base):
-        if head[path] != base[path]:
-            also = ", the series' result" if head[path] == result[path] else ""
-            differ.append(
-                f"{path}: {_describe(head[path])}{also}; base has {_describe(base[path])}"
-            )
-    return None, differ
-
-
 def apply_series(
     repo: Path,
     manifest: manifest_mod.Manifest,
@@ -138,8 +117,10 @@ def _apply(
         raise SeriesError(
             "the patch files disagree with the manifest; not applying them:\n  "
             + "\n  ".join(problems)
-            + f"\nRestore the patches (`{hints.git(patch_dir, 'checkout', '--', '.')}`) or,"
-            f" if the change is intended, re-export the series (`{hints.make('export')}`)"
+            + f"\nRestore them (`{hints.git(patch_dir, 'checkout', '--', '.')}`).  To change a"
+            " patch, change its commit on the series branch of an applied checkout instead,"
+            f" then write the series back with `{hints.make('export')}` and run"
+            f' `{hints.make("test")}` (README: "Changing a patch")'
         )
     repo = g.toplevel(repo)
     refuse_unsafe_state(repo)
@@ -154,7 +135,7 @@ def _apply(
     if head is None:
         raise SeriesError(f"{repo} has no commits; check out a vLLM revision first")
     paths = sorted(manifest.base.touched_files)
-    holds, differ = classify(g.blob_ids(repo, head, paths), states)
+    holds, differ = versions.classify(g.blob_ids(repo, head, paths), states)
     if holds == len(patches):
         log(f"series already applied in {repo}: its files hold the series' result; nothing changed")
         return 0
@@ -164,22 +145,10 @@ def _apply(
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
     if differ:
-        b = manifest.base
-        materialised = base_mod.base_repo_path(b.project, b.version)
-        raise SeriesError(
-            f"{repo} is not at the pinned base {b.project} {b.version} (upstream"
-            f" {b.upstream_commit}):\n  "
-            + "\n  ".join(differ)
-            + f"\nThe series applies to the base commit {b.commit} (`base.commit` in"
-            f" {_manifest_name(patch_dir)}), materialised from the sdist {b.sdist.filename}"
-            " by `make base` (cached, under work/; `make apply` without VLLM= uses a clone"
-            " of it).  Check it out here with\n    "
-            + hints.git(repo, "fetch", str(materialised), b.commit)
-            + " && "
-            + hints.git(repo, "checkout", b.commit)
-            + "\n(after `make base`), or carry the series to this checkout's HEAD with\n    "
-            + hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
-        )
+        held = versions.held_in(repo, head, patch_dir)
+        if held:
+            raise SeriesError(_upgrade(repo, head, held, manifest, patch_dir))
+        raise SeriesError(_not_at_base(repo, head, manifest, patch_dir, differ))
 
     branch = manifest.branch_name
     if g.rev(repo, f"refs/heads/{branch}"):
@@ -200,31 +169,109 @@ def _apply(
 
     tip, commits = _build(repo, head, patches, images, states[-1], paths)
     summary = _summary(manifest, commits, "applied")
+    start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
+    config = {
+        f"branch.{branch}.{SERIES_BASE_KEY}": head,
+        f"branch.{branch}.{SERIES_FROM_KEY}": start_from,
+    }
     scope = journal.Scope(
         paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
         refs={f"refs/heads/{branch}": [tip]},
-        config={f"branch.{branch}.{SERIES_BASE_KEY}": head},
+        config=config,
     )
-    tx = journal.Transaction.begin(repo, "apply", {p: {states[-1][p]} for p in created}, scope)
+    before = [("update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)]
+    before += [("config", key, value) for key, value in config.items()]
+    switch(repo, "apply", head, tip, f"refs/heads/{branch}", scope,
+           {p: {states[-1][p]} for p in created}, log, before)  # fmt: skip
+    guard.completed()
+    log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
+    log(summary)
+    return 0
+
+
+def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
+           created: dict[str, set[str]], log, before=(), after=()) -> None:  # fmt: skip
+    """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref, or
+    a commit to detach at), with git commands ``before`` and ``after``: one
+    journaled transaction (``created``: paths ``tip`` adds, checked free)."""
+    tx = journal.Transaction.begin(repo, op, created, scope)
     try:
-        g.git(repo, "update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)
-        g.git(repo, "config", f"branch.{branch}.{SERIES_BASE_KEY}", head)
+        for args in before:
+            g.git(repo, *args)
         # read-tree, not checkout: it refuses to overwrite untracked and
         # ignored files rather than deleting them.  It trusts the index's
         # file stats, which a copied checkout no longer matches: refresh them.
         g.git(repo, "update-index", "-q", "--refresh", check=False)
-        g.git(repo, "read-tree", "-m", "-u", head, tip)
-        g.git(repo, "symbolic-ref", "-m", "seriestool apply", "HEAD", f"refs/heads/{branch}")
-        interrupts.check()  # the last moment a signal undoes the apply
+        g.git(repo, "read-tree", "-m", "-u", start, tip)
+        if head_to.startswith("refs/"):
+            g.git(repo, "symbolic-ref", "-m", f"seriestool {op}", "HEAD", head_to)
+        else:
+            g.git(repo, "update-ref", "--no-deref", "-m", f"seriestool {op}", "HEAD", head_to)
+        for args in after:
+            g.git(repo, *args)
+        interrupts.check()  # the last moment a signal undoes the change
     except BaseException:
         for note in tx.rollback():
             log(note)
         raise
     tx.commit()
-    guard.completed()
-    log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
-    log(summary)
-    return 0
+
+
+def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
+    """The refusal of a checkout not at the pinned base, with the way there: the
+    upstream tag in an upstream clone (it has the tag or a remote of upstream
+    vLLM), where the tag has the base's files; else the materialised base."""
+    b, checkout = (
+        manifest.base,
+        f"{hints.git(repo, 'checkout', '--detach', f'v{manifest.base.version}')}",
+    )
+    tagged = g.rev(repo, f"refs/tags/v{b.version}")
+    urls = g.git(repo, "config", "--get-regexp", r"^remote\..*\.url$", check=False).stdout.split(
+        "\n"
+    )
+    remote = next((key[7:-4] for key, _, url in (u.partition(" ") for u in urls)
+                   if "github.com/vllm-project/vllm" in url.lower()), None)  # fmt: skip
+    if tagged and g.blob_ids(repo, tagged, sorted(b.touched_files)) == b.touched_files:
+        way = f"Its tag v{b.version} has the base's files (blob ids compared):\n    {checkout}"
+    elif remote and not tagged:
+        way = (f"It clones upstream vLLM (remote {remote}), whose tag v{b.version} has the base's"
+               " files (README: Troubleshooting); fetch the tag and check it out with\n    "
+               + hints.git(repo, "fetch", "--no-tags", remote, "tag", f"v{b.version}")
+               + f" && {checkout}")  # fmt: skip
+    else:
+        way = (
+            f"The series applies to the base commit {b.commit} (`base.commit` in"
+            f" {_manifest_name(patch_dir)}), materialised from the sdist {b.sdist.filename}"
+            " by `make base` (cached, under work/; `make apply` without VLLM= uses a clone"
+            " of it).  Check it out here with\n    "
+            + hints.git(repo, "fetch", str(base_mod.base_repo_path(b.project, b.version)), b.commit)
+            + " && " + hints.git(repo, "checkout", b.commit) + "\n(after `make base`)"
+        )  # fmt: skip
+    return (
+        f"{repo} is not at the pinned base {b.project} {b.version} (upstream"
+        f" {b.upstream_commit}):\n  " + "\n  ".join(differ) + f"\n{way}\nor carry the series"
+        " to this checkout's HEAD with\n    "
+        + hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
+    )
+
+
+def _upgrade(repo: Path, head: str, held: versions.Held, manifest, patch_dir: Path) -> str:
+    """The refusal of a checkout carrying another version of the series, with
+    the upgrade: a branch of this version from the commit that one started from."""
+    apply_again = hints.make("apply", VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
+    branch = g.out(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    config = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
+    start = (branch and config.stdout.strip()) or g.rev(repo, f"{head}~{held.held}")
+    paths = sorted(held.manifest.base.touched_files)
+    found = f"{repo} carries series {held.state.label} ({held.held} of {held.total} patches)"
+    if not start or g.blob_ids(repo, start, paths) != held.manifest.base.touched_files:
+        return f"{found}; check out the commit it was applied to and run `{apply_again}` there"
+    return (
+        f"{found}: its files hold that version's state, not v{manifest.version}'s.  To upgrade,"
+        f" apply v{manifest.version} on its own branch {manifest.branch_name} from the commit"
+        f" that series started from (the {'branch ' + branch if branch else 'commit'} stays):"
+        f"\n    {hints.git(repo, 'checkout', '--detach', start)} && {apply_again}"
+    )
 
 
 def _manifest_name(patch_dir: Path) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import git as g
 from . import manifest as manifest_mod
 from .apply import ensure_default_checkout
-from .base import BASE_BRANCH, base_repo_path
+from .base import BASE_BRANCH, base_repo_path, materialise_pinned
 from .errors import SeriesError
 
 
@@ -39,11 +39,14 @@ def test_requirements(manifest: manifest_mod.Manifest) -> str:
 
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
-    checkout = ensure_default_checkout(manifest)
-    print(f"pinned base {manifest.base.project} {manifest.base.version}: commit"
-          f" {manifest.base.commit}; checkout {checkout}")  # fmt: skip
-    if args.requirements:
+    b = manifest.base
+    if args.requirements:  # `make venv`, for every target: the base alone, no work/vllm
+        materialise_pinned(manifest)
+        print(f"pinned base {b.project} {b.version}: commit {b.commit}")
         Path(args.requirements).write_text(test_requirements(manifest))
+        return 0
+    checkout = ensure_default_checkout(manifest)
+    print(f"pinned base {b.project} {b.version}: commit {b.commit}; checkout {checkout}")
     return 0
 
 

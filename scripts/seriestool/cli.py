@@ -23,7 +23,9 @@ COMMAND_MODULES = (
     "rebase",
     "compare",
     "restore",
+    "status",
     "seriestest",
+    "smoke",
     "pr",
     "device",
 )

@@ -218,7 +218,9 @@ def export_series(
 
 def _export(repo, manifest, branch, base, patch_dir, manifest_path, log) -> list[Path]:
     if not g.rev(repo, branch):
-        raise SeriesError(f"{repo} has no branch or commit {branch!r}; pass BRANCH=<name>")
+        raise SeriesError(
+            f"{repo} has no branch or commit {branch!r} (BRANCH=): name the series branch there"
+        )
     base_commit = resolve_base(repo, manifest, base, branch)
     if not g.out(repo, "rev-list", "--max-count=1", f"{base_commit}..{branch}"):
         raise SeriesError(

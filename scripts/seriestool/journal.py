@@ -65,10 +65,10 @@ class Scope:
     # (None: any content, e.g. a `git am` merge the user then resolves).
     paths: dict[str, list[str] | None] = dataclasses.field(default_factory=dict)
     # Refs it may create or move (HEAD may then point at one), each with the
-    # commits it may leave there (None: any).
+    # commits it may leave there (None: any); "HEAD": commits it may detach at.
     refs: dict[str, list[str] | None] = dataclasses.field(default_factory=dict)
-    # Config keys it may set, each with its value.
-    config: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Config keys it may set, each with its value (None: it may unset the key).
+    config: dict[str, str | None] = dataclasses.field(default_factory=dict)
     am: bool = False  # it runs `git am` in the checkout
 
 
@@ -277,7 +277,8 @@ class Transaction:
         j, scope, op = self.journal, self.journal.scope, self.journal.op
         found = []
         head = (self.git_dir / "HEAD").read_text().strip()
-        if head != j.head_raw.strip() and head.removeprefix("ref: ") not in scope.refs:
+        may_point_at = [*scope.refs, *(scope.refs.get("HEAD") or [])]  # "HEAD": detached at
+        if head != j.head_raw.strip() and head.removeprefix("ref: ") not in may_point_at:
             found.append(
                 f"HEAD: on {head[5:]}, a branch the {op} does not use"
                 if head.startswith("ref: ")
@@ -311,7 +312,10 @@ class Transaction:
         scope = self.journal.scope.config
         entries = _config_entries(self.repo, config)
         for key, value in scope.items():
-            if [v for k, v in entries if k == _canonical(key)] == [value]:
+            now_values = [v for k, v in entries if k == _canonical(key)]
+            if value is None and not now_values:  # a key it may unset
+                g.git(self.repo, "config", "--file", str(expected), "--unset-all", key, check=False)
+            elif value is not None and now_values == [value]:
                 g.git(self.repo, "config", "--file", str(expected), key, value)
         if expected.read_bytes() == now:
             return []

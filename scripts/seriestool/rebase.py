@@ -1097,8 +1097,8 @@ def _abort(log: Log, force: bool) -> int:
         log(f"the rebase to {sess.to} had completed; {sess.patch_dir} holds the rebased series")
         return 0
     _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
-    where = sess.checkout if sess.uses_user_checkout else "the scratch clone"
-    log(f"rebase to {sess.to} aborted; {where} restored, {Path(sess.patch_dir).name}/ unchanged")
+    where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
+    log(f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged")
     return 0
 
 

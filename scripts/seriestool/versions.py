@@ -12,15 +12,19 @@ repository's checkout, index and refs are never written.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from . import git as g
 from . import manifest as manifest_mod
+from . import patchset
 from .errors import SeriesError
 
 PATCH_DIR = manifest_mod.PATCH_DIR.relative_to(manifest_mod.ROOT).as_posix()
@@ -155,3 +159,63 @@ def write_patches(repo: Path, state: SeriesVersion, dest: Path) -> manifest_mod.
             )
         (dest / entry.file).write_bytes(data)
     return manifest
+
+
+def _describe(blob: str | None) -> str:
+    return "absent" if blob is None else f"blob {blob[:12]}"
+
+
+def classify(
+    head: dict[str, str | None], states: list[dict[str, str | None]]
+) -> tuple[int | None, list[str]]:
+    """How many patches the checkout's files hold: ``(k, [])`` when they are
+    exactly the series after ``k`` patches, else ``(None, differences from the base)``."""
+    for k in (len(states) - 1, 0, *range(1, len(states) - 1)):
+        if head == states[k]:
+            return k, []
+    base, result = states[0], states[-1]
+    differ = []
+    for path in sorted(base):
+        if head[path] != base[path]:
+            also = ", the series' result" if head[path] == result[path] else ""
+            differ.append(
+                f"{path}: {_describe(head[path])}{also}; base has {_describe(base[path])}"
+            )
+    return None, differ
+
+
+# A series state whose first ``held`` of ``total`` patches a commit's files hold.
+Held = collections.namedtuple("Held", "state held total manifest")
+
+
+def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
+    """Which series a commit of a vLLM checkout carries, by the blob ids of the
+    files each touches: the one in ``patch_dir``, else its earlier states in
+    the history of the repository holding ``patch_dir`` (newest first)."""
+    current = manifest_mod.load(patch_dir / MANIFEST)
+    found = _held(repo, commit, SeriesVersion("", current.version, None), current, patch_dir)
+    tooling = patch_dir.resolve().parent
+    if found or patch_dir.name != PATCH_DIR or not g.is_repo(tooling):
+        return found
+    seen = {(patch_dir / MANIFEST).read_bytes()}
+    with tempfile.TemporaryDirectory(prefix="seriestool-versions-") as tmp:
+        for rev, version in history(tooling):
+            text = _blob(tooling, rev, f"{PATCH_DIR}/{MANIFEST}", text=False)
+            if version is None or text in seen:
+                continue
+            seen.add(text)
+            state = SeriesVersion(rev, version, rev)
+            with contextlib.suppress(SeriesError):  # a broken state is no version
+                found = _held(repo, commit, state, write_patches(tooling, state, Path(tmp) / rev),
+                              Path(tmp) / rev)  # fmt: skip
+            if found:
+                return found
+    return None
+
+
+def _held(repo, commit, state, manifest, patch_dir) -> Held | None:
+    paths = sorted(manifest.base.touched_files)
+    images = patchset.images(manifest.patch_paths(patch_dir))
+    states = patchset.states(manifest.base.touched_files, images)
+    k, _ = classify(g.blob_ids(repo, commit, paths), states)
+    return Held(state, k, len(images), manifest) if k else None

@@ -28,13 +28,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, {scripts!r})
-from seriestool import apply, manifest, rebase
+from seriestool import apply, manifest, rebase, status
 from seriestool.errors import SeriesError
 
 what, repo, patch_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 try:
     if what == "apply":
         rc = apply.apply_series(repo, manifest.load(patch_dir / "series.json"), patch_dir)
+    elif what == "remove":
+        rc = status.remove(repo, delete_branch=True)
     else:
         rc = rebase.start(sys.argv[4], repo, keep_conflict=what == "rebase-keep",
                           skip_tests=True, patch_dir=patch_dir)
@@ -237,6 +239,25 @@ def _mutating(calls: list[str], repo: Path) -> list[int]:
 
 def test_apply_killed_at_every_write_is_restored_by_one_command(apply_target, fake_git):
     checked = _kill_every_step(apply_target, fake_git, _mutating)
+    assert checked >= 3
+
+
+@pytest.fixture
+def remove_target(toy_series, tmp_path):
+    from seriestool import apply as apply_mod
+
+    repo, manifest, patch_dir = toy_series
+    apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    return Target(repo, patch_dir, tmp_path / "runs", ["remove"], tmp_path / "work")
+
+
+def test_remove_interrupted_at_every_step_changes_nothing(remove_target, fake_git):
+    checked = _signal_every_step(remove_target, fake_git, every=1)
+    assert checked >= 8
+
+
+def test_remove_killed_at_every_write_is_restored_by_one_command(remove_target, fake_git):
+    checked = _kill_every_step(remove_target, fake_git, _mutating)
     assert checked >= 3
 
 

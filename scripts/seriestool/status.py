@@ -1,0 +1,119 @@
+"""``status`` and ``remove``: which series a checkout carries; taking it out.
+
+``status`` only reads.  The version HEAD carries is judged as ``apply``
+judges it, by the blob ids of the files each version touches
+(``versions.held_in``); base and starting point are what ``apply`` recorded
+in the branch's config (``branch.<name>.seriesBase``, ``.seriesFrom``).
+``remove`` switches back to where ``apply`` started (that branch, else the
+base commit, detached) with ``apply``'s own journaled switch
+(``apply.switch``); the series branch stays unless ``--delete-branch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import apply, hints, journal, versions
+from . import git as g
+from . import manifest as manifest_mod
+from .errors import SeriesError
+
+
+def _open(repo: Path) -> tuple[Path, str | None, str | None]:
+    """The checkout's top folder, its branch and HEAD's commit."""
+    if not g.is_repo(repo):
+        raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name a vLLM git checkout")
+    repo = g.toplevel(repo)
+    branch = g.out(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False) or None
+    return repo, branch, g.rev(repo, "HEAD")
+
+
+def _recorded(repo: Path, branch: str | None, key: str) -> str | None:
+    proc = g.git(repo, "config", "--get", f"branch.{branch}.{key}", check=False)
+    return (branch and proc.stdout.strip()) or None
+
+
+def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> int:
+    """Print which series ``repo``'s HEAD carries, on which base, and what is beyond it."""
+    repo, branch, head = _open(repo)
+    log(f"checkout {repo}: HEAD {'on branch ' + branch if branch else 'detached'} at {head}")
+    held = versions.held_in(repo, head, patch_dir)
+    b = manifest_mod.load(patch_dir / versions.MANIFEST).base
+    if held:
+        count = "all" if held.held == held.total else f"{held.held} of"
+        log(f"series: {held.state.label}, {count} {held.total} patches applied")
+    elif g.blob_ids(repo, head, sorted(b.touched_files)) == b.touched_files:
+        log(f"series: none; HEAD has the files of the pinned base, {b.project} {b.version}")
+    else:
+        log("series: none; HEAD's files are not the pinned base's either")
+    base = _recorded(repo, branch, apply.SERIES_BASE_KEY)
+    if base and held:
+        on_top = int(g.out(repo, "rev-list", "--count", "--first-parent", f"{base}..HEAD"))
+        log(f"base: {base} (recorded by apply); commits beyond the series on {branch}:"
+            f" {on_top - held.held}")  # fmt: skip
+    elif held:
+        log("base: not recorded (HEAD is on no branch that `make apply` made)")
+    return 0
+
+
+def remove(repo: Path, delete_branch: bool = False, log=print) -> int:
+    """Switch ``repo`` from its series branch back to where apply started it; a
+    refusal (SeriesError) or a signal (Interrupted) leaves it unchanged."""
+    with apply.interrupts.deferred() as guard:
+        repo, branch, head = _open(repo)
+        apply.refuse_unsafe_state(repo)
+        base = _recorded(repo, branch, apply.SERIES_BASE_KEY)
+        if not base:
+            raise SeriesError(
+                f"HEAD of {repo} is on no branch that `make apply` made (none records"
+                f" branch.<name>.{apply.SERIES_BASE_KEY}); check out the series branch first"
+            )
+        start = _recorded(repo, branch, apply.SERIES_FROM_KEY) or base
+        start = start if g.rev(repo, start) else base  # the branch apply started from is gone
+        target = g.rev(repo, start)
+        changed = g.out(repo, "diff-tree", "-r", "-z", "--name-only", head, target).split("\0")
+        paths = sorted(p for p in changed if p)
+        now, then = g.blob_ids(repo, head, paths), g.blob_ids(repo, target, paths)
+        created = {p: {then[p]} for p in paths if now[p] is None and then[p] is not None}
+        in_the_way = journal.occupied(repo, created)
+        if in_the_way:
+            raise SeriesError(
+                f"{start} has files where {repo} has untracked or ignored ones; remove never"
+                " overwrites them:\n  " + "\n  ".join(in_the_way) + "\nmove them away and run again"
+            )
+        ref = f"refs/heads/{branch}"
+        keys = [f"branch.{branch}.{key}" for key in (apply.SERIES_BASE_KEY, apply.SERIES_FROM_KEY)
+                if delete_branch and _recorded(repo, branch, key)]  # fmt: skip
+        scope = journal.Scope(
+            paths={p: [then[p]] if then[p] else [] for p in paths},
+            refs={start if start.startswith("refs/") else "HEAD": [target],
+                  **({ref: []} if delete_branch else {})},
+            config=dict.fromkeys(keys),  # unset
+        )  # fmt: skip
+        after = [("update-ref", "-d", ref, head)] if delete_branch else []
+        after += [("config", "--unset", key) for key in keys]
+        apply.switch(repo, "remove", head, target, start, scope, created, log, after=after)
+        guard.completed()
+    log(f"removed the series from {repo}: HEAD is on {start.removeprefix('refs/heads/')}")
+    back = hints.git(repo, "branch", branch, head)
+    log(f"deleted branch {branch} (`{back}` brings it back)" if delete_branch
+        else f"branch {branch} is kept (DELETE=1 deletes it)")  # fmt: skip
+    return 0
+
+
+def register(subparsers) -> None:
+    def checkout(args: argparse.Namespace) -> Path:
+        return Path(args.vllm) if args.vllm else apply.default_checkout()
+
+    for name, help_ in (("status", "which series version a checkout carries"),
+                        ("remove", "take the series out of a checkout")):  # fmt: skip
+        p = subparsers.add_parser(name, help=help_)
+        p.add_argument("--vllm", type=hints.user_path, help="checkout (default: work/vllm)")
+    p.add_argument("--delete-branch", action="store_true", help="also delete the series branch")
+    p.set_defaults(func=lambda a: remove(checkout(a), a.delete_branch))
+    p = subparsers.choices["status"]
+    p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
+    p.set_defaults(
+        func=lambda a: status(checkout(a), Path(a.patches_dir or manifest_mod.PATCH_DIR))
+    )

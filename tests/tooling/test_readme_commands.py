@@ -1,0 +1,63 @@
+"""The README's command blocks against the Makefile: every ```sh line is a
+make target with variables the Makefile reads, or a command listed here as
+run by hand (GPU-only, or git in a checkout, whose recipe other tests run)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+
+from conftest import ROOT
+
+# Lines that are not make commands, each with why no test runs it here.
+BY_HAND = {
+    "vllm serve": "GPU-only: serving a model",
+    "INSTANTTENSOR_COPY=0": "GPU-only: serving a model",
+    "git rebase --exec": "re-signing in the user's checkout, with the user's identity",
+    "git -C work/vllm commit": "editing the series branch: the user's own commit",
+    "--model-loader-extra-config": "continuation of a vllm serve line",
+}
+GPU_ONLY_TARGETS = {"device-bundle"}  # its block's other lines are device-tool calls (comments)
+
+
+def _blocks() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    return [[line.split("#", 1)[0].strip() for line in b.splitlines()] for b in blocks]
+
+
+def _makefile() -> tuple[set[str], set[str]]:
+    text = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):", text, re.M))
+    variables = set(re.findall(r"^([A-Z]+) \?=", text, re.M))
+    return targets, variables
+
+
+def test_every_readme_command_is_a_make_target_or_listed_by_hand():
+    targets, variables = _makefile()
+    seen = set()
+    for block in _blocks():
+        for line in filter(None, block):
+            for command in line.split("&&"):
+                if not command.strip().startswith("make"):
+                    assert any(command.strip().startswith(k) for k in BY_HAND), command
+                    continue
+                words = shlex.split(command.strip())
+                target = next((w for w in words[1:] if "=" not in w), "help")
+                assert target in targets, line
+                for word in words[1:]:
+                    if "=" in word:
+                        assert word.split("=", 1)[0] in variables, line
+                seen.add(target)
+    assert {"apply", "smoke", "test", "status", "remove", "export"} <= seen
+    assert seen >= GPU_ONLY_TARGETS
+
+
+def test_a_bare_make_lists_every_target():
+    done = subprocess.run(["make", "-s", "-C", str(ROOT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    listed = set(re.findall(r"^make ([\w-]+)", done.stdout, re.M))
+    targets, _ = _makefile()
+    assert listed == targets - {"help"}
+    assert ".venv" not in done.stderr  # nothing built
