@@ -416,7 +416,7 @@ def _find_combined(
         parent = series_commits[first - 1] if first else base
         synthetic[(first, last)] = g.out(
             scratch, "commit-tree", f"{series_commits[last]}^{{tree}}", "-p", parent,
-            "-m", f"combined patches {first + 1}..{last + 1}",
+            "-m", f"combined patches {first + 1}..{last + 1}", env=base_mod.BASE_IDENTITY,
         )  # fmt: skip
     ids = patchset.patch_ids_of_commits(scratch, list(synthetic.values()), pathspecs)
     by_id: dict[str, list[str]] = {}

@@ -281,7 +281,6 @@ def clone(base_repo: Path, dest: Path, branch: str = BASE_BRANCH) -> Path:
     """A working checkout of the base, sharing the cache's objects."""
     g.git(base_repo.parent, "clone", "-q", "--shared", "--branch", branch,
           str(base_repo), str(dest))  # fmt: skip
-    # Commits made by the tooling in its own checkouts need an identity.
-    g.git(dest, "config", "user.name", "vLLM loader series")
-    g.git(dest, "config", "user.email", "series@localhost")
+    # No user.* is written: commits the tools make carry an identity per
+    # command (``patchset.am``), and the user's own commits theirs.
     return dest

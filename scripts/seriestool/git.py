@@ -257,11 +257,17 @@ def tracked_changes(repo: Path) -> list[str]:
     return [line for line in status.splitlines() if line.strip()]
 
 
+# Who commits when git has no identity for the user: the README names it.
+FALLBACK_NAME, FALLBACK_EMAIL = "vLLM loader series", "series@localhost"
+
+
 def user_identity(repo: Path) -> dict[str, str]:
     """``GIT_COMMITTER_NAME``/``EMAIL`` as the user's own git would commit in ``repo``.
 
     Read with the user's full configuration (``git var``: environment, repo,
-    global and system config); the tool's identity when none is configured.
+    global and system config); the fallback identity when none is configured.
+    The tool passes it per command, in the environment: it never writes
+    ``user.*`` into any repository's config.
     """
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     proc = subprocess.run(
@@ -271,5 +277,5 @@ def user_identity(repo: Path) -> dict[str, str]:
     name, sep, rest = proc.stdout.partition(" <")
     email = rest.partition(">")[0]
     if proc.returncode != 0 or not sep or not name.strip():
-        name, email = "vLLM loader series", "series@localhost"
+        name, email = FALLBACK_NAME, FALLBACK_EMAIL
     return {"GIT_COMMITTER_NAME": name.strip(), "GIT_COMMITTER_EMAIL": email}

@@ -150,6 +150,7 @@ def am(
 
     Every option that a setting could change is given explicitly; hooks are
     off (``git.git``), unless ``hooks`` names a folder the tool made itself.
+    The committer is ``env``'s, else the user's (``git.user_identity``).
 
     Raises:
         SeriesError: a patch did not apply; the am session is left in
@@ -162,6 +163,8 @@ def am(
         args.append("--3way")
     if hooks is not None:
         args = ["-c", f"core.hooksPath={hooks}", *args]
+    if not (env and "GIT_COMMITTER_NAME" in env):
+        env = {**g.user_identity(repo), **(env or {})}
     g.git(repo, *args, *[str(p) for p in patches], env=env)
 
 

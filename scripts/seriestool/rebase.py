@@ -576,8 +576,6 @@ def _prepare(
     else:
         assert user is not None and new_commit is not None
         g.git(user.parent, "clone", "-q", "--shared", "--no-checkout", str(user), str(scratch))
-        g.git(scratch, "config", "user.name", "vLLM loader series")
-        g.git(scratch, "config", "user.email", "series@localhost")
         g.git(scratch, "checkout", "-q", "--detach", new_commit)
         # check_prefixes-style consumers clone the ``base`` branch.
         g.git(scratch, "branch", "-f", base_mod.BASE_BRANCH, new_commit)
@@ -1033,8 +1031,7 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
                 f" ({checkout}); finish resolving, `git add` and run"
                 f" `{hints.make('rebase', CONTINUE='1')}` again"
             )
-        proc = g.git(checkout, "-c", "core.hooksPath=/dev/null", "am", "--continue",
-                     check=False)  # fmt: skip
+        proc = g.git(checkout, "am", "--continue", check=False, env=g.user_identity(checkout))
         if proc.returncode != 0:
             staged = g.git(checkout, "diff", "--cached", "--quiet", check=False).returncode
             if staged == 0 and "No changes" in proc.stdout + proc.stderr:

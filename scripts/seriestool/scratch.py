@@ -28,15 +28,12 @@ from . import git as g
 from . import hints, patchset, placement
 from .errors import SeriesError
 
-# Identity of commits made in scratch repositories (apply passes the user's).
-IDENTITY = {"user.name": "vLLM loader series", "user.email": "series@localhost"}
-
 # The committer of commits whose ids a report quotes: with a fixed name and
 # date (the environment's identity otherwise wins), the commits ``git am``
 # makes depend only on the patches and the base.
 REPRODUCIBLE_COMMITTER = {
-    "GIT_COMMITTER_NAME": IDENTITY["user.name"],
-    "GIT_COMMITTER_EMAIL": IDENTITY["user.email"],
+    "GIT_COMMITTER_NAME": g.FALLBACK_NAME,
+    "GIT_COMMITTER_EMAIL": g.FALLBACK_EMAIL,
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
 }
 
@@ -79,8 +76,6 @@ def make_checkout(repo: Path, dest: Path, start: str, paths: Sequence[str]) -> P
     g.git(dest.parent, "init", "-q", "--template=", str(dest))
     gdir = dest / ".git"
     _borrow_objects(gdir, repo)
-    for key, value in IDENTITY.items():
-        g.git(dest, "config", key, value)
     g.git(dest, "config", "core.sparseCheckout", "true")
     g.git(dest, "config", "core.sparseCheckoutCone", "false")
     (gdir / "info").mkdir(exist_ok=True)
