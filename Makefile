@@ -39,10 +39,12 @@ apply: venv
 	$(SERIES) apply $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES)
 
 export: venv
-	$(SERIES) export $(call opt,--vllm,VLLM) $(call opt,--branch,BRANCH) $(call opt,--base,BASE)
+	$(SERIES) export $(call opt,--vllm,VLLM) $(call opt,--branch,BRANCH) $(call opt,--base,BASE) \
+		$(call opt,--patches-dir,PATCHES)
 
 check-manifest:
-	@PYTHONPATH=scripts python3 -m seriestool check-manifest
+	@PYTHONPATH=scripts python3 -m seriestool check-manifest $(call opt,--patches-dir,PATCHES) \
+		$(if $(PATCHES),--manifest "$$PATCHES/series.json")
 
 # Silent recipe: with JSON=1, stdout is the report alone.
 check: venv
@@ -60,6 +62,8 @@ rebase: $(if $(ABORT),,venv)
 # git objects, so it runs with .venv's Python if there is one, else python3,
 # and never reaches PyPI; a base not cached yet is fetched with .venv's pip.
 compare:
+	$(if $(PATCHES),$(error PATCHES= does not apply to compare: it compares versions of \
+		patches/ in this repository's history (FROM=, TO=)))
 	@PYTHONPATH=scripts $(if $(wildcard $(PY)),$(PY),python3) -m seriestool compare \
 		$(call opt,--from,FROM) $(call opt,--to,TO) $(call opt,--vllm,VLLM) \
 		$(call opt,--draft,DRAFT) $(if $(JSON),--json) $(ARGS)
