@@ -122,7 +122,7 @@ def apply_series(
         SeriesError: a refusal or a failed patch; the checkout is unchanged.
         interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; the checkout is unchanged.
     """
-    with interrupts.deferred() as guard:
+    with interrupts.deferred() as guard, journal.locked(Path(repo)):
         return _apply(Path(repo), manifest, Path(patch_dir), log, guard)
 
 
