@@ -122,7 +122,12 @@ def read_upstream_commit(tree: Path) -> str | None:
     version_py = tree / "vllm" / "_version.py"
     if not version_py.exists():
         return None
-    match = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py.read_text())
+    return upstream_commit_in(version_py.read_text(encoding="utf-8", errors="replace"))
+
+
+def upstream_commit_in(version_py: str) -> str | None:
+    """The abbreviated upstream commit that a ``vllm/_version.py``'s text records."""
+    match = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py)
     return match.group(1) if match else None
 
 

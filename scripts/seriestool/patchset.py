@@ -23,7 +23,7 @@ Entry = tuple[str, str]
 Image = dict[str, tuple[Entry | None, Entry | None]]
 
 
-def patch_id_of_text(diff_text: str, cwd: Path) -> str | None:
+def patch_id_of_text(diff_text: str | bytes, cwd: Path) -> str | None:
     """Stable patch ID of one patch (format-patch file or diff text)."""
     output = g.out(cwd, "patch-id", "--verbatim", input=diff_text)
     return output.split()[0] if output else None
@@ -43,7 +43,7 @@ def patch_id_of_file(path: Path) -> str:
     """
     key = sha256_of_file(path)
     if key not in _patch_ids:
-        pid = patch_id_of_text(path.read_text(), path.parent)
+        pid = patch_id_of_text(path.read_bytes(), path.parent)
         if pid is None:
             raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
         _patch_ids[key] = pid
@@ -58,7 +58,7 @@ def sha256_of_file(path: Path) -> str:
 
 def subject_of_file(path: Path) -> str:
     """The patch's subject without the ``[PATCH n/m]`` prefix."""
-    with path.open() as f:
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
         headers = email.parser.Parser().parse(f, headersonly=True)
     raw = headers.get("Subject")
     if raw is None:

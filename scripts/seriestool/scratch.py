@@ -38,6 +38,10 @@ REPRODUCIBLE_COMMITTER = {
 }
 
 
+# Files of paths git reads as bytes: written as ``git.encode`` writes them.
+_PATHS = {"encoding": "utf-8", "errors": "surrogateescape"}
+
+
 def _borrow_objects(scratch_git_dir: Path, repo: Path) -> None:
     """Add ``repo``'s objects to the scratch repository's alternates (kept: earlier ones)."""
     source = g.common_dir(repo)
@@ -46,14 +50,14 @@ def _borrow_objects(scratch_git_dir: Path, repo: Path) -> None:
     _add_lines(info / "alternates", [str(source / "objects")])
     shallow = source / "shallow"
     if shallow.exists():  # a shallow clone's history ends there; so must ours
-        _add_lines(scratch_git_dir / "shallow", shallow.read_text().split())
+        _add_lines(scratch_git_dir / "shallow", shallow.read_text(encoding="ascii").split())
 
 
 def _add_lines(path: Path, lines: Sequence[str]) -> None:
-    known = path.read_text().splitlines() if path.exists() else []
+    known = path.read_text(**_PATHS).splitlines() if path.exists() else []
     new = [line for line in lines if line not in known]
     if new:
-        path.write_text("".join(f"{line}\n" for line in [*known, *new]))
+        path.write_text("".join(f"{line}\n" for line in [*known, *new]), **_PATHS)
 
 
 def add_alternate(scratch: Path, repo: Path) -> None:
@@ -80,7 +84,7 @@ def make_checkout(repo: Path, dest: Path, start: str, paths: Sequence[str]) -> P
     g.git(dest, "config", "core.sparseCheckoutCone", "false")
     (gdir / "info").mkdir(exist_ok=True)
     (gdir / "info" / "sparse-checkout").write_text(
-        "".join(f"{sparse_pattern(p)}\n" for p in paths) or "!/*\n"
+        "".join(f"{sparse_pattern(p)}\n" for p in paths) or "!/*\n", **_PATHS
     )
     g.git(dest, "checkout", "-q", "--detach", start)
     return dest
