@@ -27,7 +27,7 @@ ARGS ?=
 opt = $(if $($(2)),$(1) "$$$(2)")
 
 .PHONY: venv base apply export check-manifest check rebase compare restore test test-tooling \
-	test-series lint device-bundle
+	test-series lint device-bundle test-rebase-e2e
 
 venv:
 	@python3 scripts/bootstrap_venv.py
@@ -80,6 +80,12 @@ test-tooling: venv
 
 test-series: venv
 	$(SERIES) test-series
+
+# A real rebase onto TO= (default 0.32.0; pip fetches its sdist once) in a clone
+# of this repository, conflicts resolved by script, then check-manifest, apply
+# and the whole series' tests on the new base.  Not part of `make test`.
+test-rebase-e2e: venv
+	$(PY) scripts/rebase_e2e.py $(or $(TO),0.32.0)
 
 lint: venv
 	$(PY) -m ruff check scripts tests
