@@ -25,6 +25,8 @@ ARGS ?=
 # `$(call opt,--vllm,VLLM)`: the option with the variable's value, taken from
 # the environment make gives the recipe, so a path with spaces stays one word.
 opt = $(if $($(2)),$(1) "$$$(2)")
+# Targets that read no series folder refuse PATCHES= rather than ignore it.
+no_patches = $(if $(PATCHES),$(error PATCHES= does not apply to `make $@`: $(1)))
 
 .PHONY: venv base apply export check-manifest check rebase compare restore test test-tooling \
 	test-series lint device-bundle test-rebase-e2e
@@ -33,6 +35,7 @@ venv:
 	@python3 scripts/bootstrap_venv.py
 
 base: venv
+	$(call no_patches,it materialises the base patches/series.json pins)
 	$(SERIES) base
 
 apply: venv
@@ -62,8 +65,7 @@ rebase: $(if $(ABORT),,venv)
 # git objects, so it runs with .venv's Python if there is one, else python3,
 # and never reaches PyPI; a base not cached yet is fetched with .venv's pip.
 compare:
-	$(if $(PATCHES),$(error PATCHES= does not apply to compare: it compares versions of \
-		patches/ in this repository's history (FROM=, TO=)))
+	$(call no_patches,it compares versions of patches/ in this repository's history)
 	@PYTHONPATH=scripts $(if $(wildcard $(PY)),$(PY),python3) -m seriestool compare \
 		$(call opt,--from,FROM) $(call opt,--to,TO) $(call opt,--vllm,VLLM) \
 		$(call opt,--draft,DRAFT) $(if $(JSON),--json) $(ARGS)
@@ -71,6 +73,7 @@ compare:
 # Undo what an interrupted `make apply` left in VLLM= (it prints this command).
 # FORCE=1: also when the checkout changed since in ways apply could not have made.
 restore:
+	$(call no_patches,it restores VLLM= from its own journal)
 	@PYTHONPATH=scripts python3 -m seriestool restore $(call opt,--vllm,VLLM) $(if $(FORCE),--force)
 
 test: venv check-manifest lint test-tooling test-series
@@ -79,6 +82,7 @@ test-tooling: venv
 	$(PY) -m pytest tests/tooling
 
 test-series: venv
+	$(call no_patches,it tests patches/)
 	$(SERIES) test-series
 
 # A real rebase onto TO= (default 0.32.0; pip fetches its sdist once) in a clone
@@ -92,4 +96,5 @@ lint: venv
 	$(PY) -m ruff format --check scripts tests
 
 device-bundle: venv
+	$(call no_patches,it bundles patches/)
 	$(SERIES) device-bundle

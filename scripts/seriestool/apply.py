@@ -141,7 +141,7 @@ def _apply(
             + f"\nRestore the patches (`{hints.git(patch_dir, 'checkout', '--', '.')}`) or,"
             f" if the change is intended, re-export the series (`{hints.make('export')}`)"
         )
-    repo = g.toplevel(repo)
+    repo = g.checkout_top(repo)  # a folder inside a bigger repository is refused
     refuse_unsafe_state(repo)
     if not manifest.patches:
         log("the series is empty; nothing to apply")

@@ -41,5 +41,7 @@ def test_make_check_manifest_honours_patches_and_compare_refuses_it(toy_series, 
     _repo, _manifest, patch_dir = toy_series
     proc = _make("check-manifest", f"PATCHES={patch_dir}")
     assert proc.returncode == 0 and "manifest ok: 2 patches" in proc.stdout, proc.stderr
-    proc = _make("compare", "FROM=1", f"PATCHES={patch_dir}")
-    assert proc.returncode != 0 and "PATCHES= does not apply to compare" in proc.stderr
+    for target in ("compare", "base", "restore", "test-series", "device-bundle"):
+        proc = _make(target, "FROM=1", f"PATCHES={patch_dir}")
+        assert proc.returncode != 0, target
+        assert f"PATCHES= does not apply to `make {target}`" in proc.stderr, proc.stderr

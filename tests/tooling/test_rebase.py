@@ -1240,6 +1240,16 @@ def test_keep_conflict_with_the_branch_already_there_takes_a_free_name(series, w
 def test_vllm_inside_a_bigger_repository_is_refused(make_repo, series, work_dir):
     _repo, patch_dir = series
     mono = make_repo("mono", {"vendor/vllm/pkg/loader.py": LOADER, "app.py": "APP = 1\n"})
+    vendored = mono.path / "vendor" / "vllm"
     with pytest.raises(SeriesError, match=f"inside the git repository {mono.path}"):
-        rebase_mod.start("1.0", mono.path / "vendor" / "vllm", patch_dir=patch_dir,
-                         log=lambda *_: None)  # fmt: skip
+        rebase_mod.start("1.0", vendored, patch_dir=patch_dir, log=lambda *_: None)
+    # apply's refusal would otherwise print `git -C <mono> checkout <base>`: the whole monorepo.
+    from seriestool import apply as apply_mod
+
+    before = snapshot(mono)
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    with pytest.raises(SeriesError, match=f"inside the git repository {mono.path}") as err:
+        apply_mod.apply_series(vendored, manifest, patch_dir, log=lambda *_: None)
+    assert "git -C" not in str(err.value)
+    assert snapshot(mono) == before
+    assert main(["export", "--vllm", str(vendored), "--patches-dir", str(patch_dir)]) == 1
