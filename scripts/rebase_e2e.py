@@ -7,23 +7,25 @@ is only read), what a fork maintainer would type:
 
 1. ``make rebase TO=<release> KEEP=1 NOTEST=1``: the release's PyPI sdist
    becomes the new base (pip fetches it once; it is cached in ``work/``);
-2. at each conflict, every unmerged file is resolved the way a maintainer
-   carrying the series forward does by default, keeping upstream's changes
-   and taking the patch's own version of each region where both changed
-   (``git merge-file --theirs`` of the three stages; a file only one side
-   kept is taken from that side), then ``git add`` and ``make rebase
-   CONTINUE=1``, until the rebase succeeds;
+2. at each conflict, every unmerged file is resolved: from the hand
+   resolution recorded for it, ``qualification/rebase/resolutions-<to>/
+   <patch file>/<path>`` (the file as resolved), if there is one; else
+   generically, keeping upstream's changes and taking the patch's own
+   version of each region where both changed (``git merge-file --theirs`` of
+   the three stages; a file only one side kept is taken from that side);
+   then ``git add`` and ``make rebase CONTINUE=1``, until the rebase succeeds;
 3. ``make check-manifest``, ``make apply`` (the branch the rebase kept in
    ``work/vllm``) and a fresh ``make apply`` from the new base;
 4. one prefix test: the whole series' own tests on the new base
    (``seriestool test-series --full-only``).
 
-The resolution is generic, not data for one series version: it works as
-long as taking the patch's side of each conflicting region gives code that
-runs on the new base, which step 4 checks.  Prints a summary (each step's
-time and result, the rebase report's patch table) and exits non-zero when a
-step fails.  ``make venv`` is not run in the clone: the clone borrows this
-checkout's ``.venv`` as it is.
+The generic resolution works as long as taking the patch's side of each
+conflicting region gives code that runs on the new base, which step 4
+checks; where it does not (a conflicting region that uses code only the old
+base has), the hand resolution of that file belongs in the folder above.
+Prints a summary (each step's time and result, the rebase report's patch
+table) and exits non-zero when a step fails.  ``make venv`` is not run in
+the clone: the clone borrows this checkout's ``.venv`` as it is.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ def git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
                           capture_output=True, check=True).stdout  # fmt: skip
 
 
-def resolve(checkout: Path) -> list[str]:
-    """Resolve every unmerged file of a stopped ``git am`` (see the module doc)."""
+def resolve(checkout: Path, recorded: Path) -> list[str]:
+    """Resolve every unmerged file of a stopped ``git am`` (see the module doc);
+    ``recorded``: the folder of this patch's hand resolutions."""
     stages: dict[str, dict[int, str]] = {}
     for entry in git(checkout, "ls-files", "-u", "-z").decode().split("\0"):
         if entry:
@@ -71,7 +74,11 @@ def resolve(checkout: Path) -> list[str]:
             stages.setdefault(path, {})[int(stage)] = blob
     done = []
     for path, blobs in sorted(stages.items()):
-        if 3 in blobs and 2 in blobs and 1 in blobs:
+        if (recorded / path).is_file():
+            (checkout / path).write_bytes((recorded / path).read_bytes())
+            git(checkout, "add", "--", path)
+            how = f"recorded hand resolution {recorded.name}/{path}"
+        elif 3 in blobs and 2 in blobs and 1 in blobs:
             with tempfile.TemporaryDirectory() as tmp:
                 files = []
                 for stage in (2, 1, 3):
@@ -127,8 +134,10 @@ def main() -> None:
             if "left in progress" not in proc.stdout + proc.stderr:
                 finish("FAILED: the rebase stopped without a conflict to resolve")
             patch = re.search(r"(\d{4}-\S+\.patch) conflicts", proc.stderr)
-            for line in resolve(scratch):
-                steps.append((f"resolved {patch[1] if patch else '?'}", 0.0, line))
+            name = patch[1] if patch else "?"
+            for line in resolve(scratch, ROOT / "qualification" / "rebase" / f"resolutions-{to}"
+                                / name):  # fmt: skip
+                steps.append((f"resolved {name}", 0.0, line))
             proc = run("make rebase CONTINUE=1", [*make, "rebase", "CONTINUE=1"], clone, env,
                        ok=(0, 1, 2))  # fmt: skip
         else:
