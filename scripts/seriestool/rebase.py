@@ -126,6 +126,7 @@ PENDING = "pending"
 
 OLD_BRANCH = "series-old"  # the old series on the old base, in the scratch clone
 NEW_REF = "refs/heads/series-new"  # the new series, fetched into the scratch clone
+MANIFEST = manifest_mod.MANIFEST_PATH.name  # beside the patches: replaced with them
 
 
 # --------------------------------------------------------------------------
@@ -166,7 +167,6 @@ class Session:
     checkout: str  # where the new series is applied: scratch or the user's checkout
     branch: str  # the new series' branch in ``checkout``
     patch_dir: str
-    manifest_path: str
     command: str
     old_base: str = ""
     old_tip: str = ""
@@ -306,7 +306,7 @@ def recover_swap(patch_dir: Path, log: Log = print) -> None:
         shutil.rmtree(old)
 
 
-def swap_in(staging: Path, patch_dir: Path, manifest_name: str) -> None:
+def swap_in(staging: Path, patch_dir: Path) -> None:
     """Replace ``patch_dir``'s patches and manifest with ``staging``'s.
 
     Files of ``patch_dir`` that are neither ``*.patch`` nor the manifest are
@@ -317,7 +317,7 @@ def swap_in(staging: Path, patch_dir: Path, manifest_name: str) -> None:
         shutil.rmtree(partial)
     partial.mkdir()
     for item in sorted(patch_dir.iterdir()):
-        if item.suffix == ".patch" or item.name == manifest_name:
+        if item.suffix == ".patch" or item.name == MANIFEST:
             continue
         if item.is_dir():
             shutil.copytree(item, partial / item.name, symlinks=True)
@@ -395,7 +395,6 @@ def start(
     keep_conflict: bool = False,
     skip_tests: bool = False,
     patch_dir: Path = manifest_mod.PATCH_DIR,
-    manifest_path: Path | None = None,
     pip_args: Sequence[str] = (),
     log: Log = print,
     command: str | None = None,
@@ -413,13 +412,13 @@ def start(
             ``keep_conflict`` the session stays open), or failing tests;
             ``patch_dir`` is unchanged in every case.
     """
-    patch_dir, manifest_path = _layout(patch_dir, manifest_path, log)
+    patch_dir = _layout(patch_dir, log)
     _clear_stale_session(log)
-    manifest = manifest_mod.load(manifest_path)
+    manifest = manifest_mod.load(patch_dir / MANIFEST)
     found = check_manifest.problems(manifest, patch_dir)
     if found:
         raise SeriesError(
-            f"the series in {patch_dir} disagrees with {manifest_path.name}:\n  "
+            f"the series in {patch_dir} disagrees with {MANIFEST}:\n  "
             + "\n  ".join(found)
             + f"\nfix it (`{hints.make('check-manifest')}`, `{hints.make('export')}`) before"
             " rebasing"
@@ -489,7 +488,7 @@ def start(
         to=to, slug=slug, kind=kind, keep=keep_conflict, skip_tests=skip_tests,
         phase="running", pid=os.getpid(), work=str(work), scratch=str(scratch),
         checkout=str(user if keep_in_user else scratch), branch=branch,
-        patch_dir=str(patch_dir), manifest_path=str(manifest_path),
+        patch_dir=str(patch_dir),
         command=command or _command_line(to, vllm, keep_conflict, skip_tests, patch_dir,
                                          pip_args),
         user_checkout=str(user) if keep_in_user else "", vllm=str(user) if user else "",
@@ -503,7 +502,7 @@ def start(
     log(f"on success this replaces the patches and manifest in {patch_dir} and updates"
         f" {seriesdoc.DOC_NAME} beside it; until then nothing there changes")  # fmt: skip
     try:
-        _copy_series(patch_dir, manifest_path, sess.old_patch_dir)
+        _copy_series(patch_dir, sess.old_patch_dir)
         _prepare(sess, manifest, user, new_commit, pip_args, log)
         if _apply_remaining(sess, log):
             return _finish(sess, log, guard)
@@ -522,19 +521,13 @@ def _free_branch(repo: Path, branch: str) -> str:
     return name
 
 
-def _layout(patch_dir: Path, manifest_path: Path | None, log: Log) -> tuple[Path, Path]:
-    """Resolved patch folder and manifest, after finishing an interrupted swap."""
+def _layout(patch_dir: Path, log: Log) -> Path:
+    """The resolved patch folder, after finishing an interrupted swap."""
     patch_dir = Path(patch_dir).resolve()
-    manifest_path = Path(manifest_path).resolve() if manifest_path else patch_dir / "series.json"
-    if manifest_path.parent != patch_dir:
-        raise SeriesError(
-            f"rebase replaces the patch folder and its manifest together, but"
-            f" {manifest_path} is not in {patch_dir}; keep the manifest in the patch folder"
-        )
     recover_swap(patch_dir, log)
     if not patch_dir.is_dir():
         raise SeriesError(f"patch folder {patch_dir} does not exist")
-    return patch_dir, manifest_path
+    return patch_dir
 
 
 def _command_line(
@@ -553,16 +546,15 @@ def _command_line(
     return shlex.join(parts)
 
 
-def _copy_series(patch_dir: Path, manifest_path: Path, dest: Path) -> None:
+def _copy_series(patch_dir: Path, dest: Path) -> None:
     """The rebase's input, frozen: later steps never read ``patch_dir`` again."""
     dest.mkdir(parents=True)
-    for item in sorted(patch_dir.glob("*.patch")):
+    for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
         shutil.copyfile(item, dest / item.name)
-    shutil.copyfile(manifest_path, dest / manifest_path.name)
 
 
 def _old_manifest(sess: Session) -> manifest_mod.Manifest:
-    return manifest_mod.load(sess.old_patch_dir / Path(sess.manifest_path).name)
+    return manifest_mod.load(sess.old_patch_dir / MANIFEST)
 
 
 def _prepare(
@@ -1165,8 +1157,7 @@ def _finish(
     for entry, f in zip(applied, files, strict=True):
         entry.new_file = f.name
     manifest = _new_manifest(sess, files, log)
-    manifest_name = Path(sess.manifest_path).name
-    manifest.save(sess.staging / manifest_name)
+    manifest.save(sess.staging / MANIFEST)
     found = check_manifest.problems(manifest, sess.staging)
     if found:
         raise SeriesError(
@@ -1229,7 +1220,7 @@ def _finish(
     sess.phase = "swapping"
     sess.save()
     with interrupts.shielded():
-        swap_in(sess.staging, patch_dir, manifest_name)
+        swap_in(sess.staging, patch_dir)
         seriesdoc.sync(manifest, patch_dir, log)
         if sess.uses_user_checkout:
             log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
@@ -1461,11 +1452,8 @@ def run(args: argparse.Namespace) -> int:
     if args.abort:
         return abort(force=args.force)
     patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_mod.PATCH_DIR
-    manifest_path = Path(args.manifest) if args.manifest else None
-    return start(
-        args.to, Path(args.vllm) if args.vllm else None, args.keep_conflict,
-        args.skip_tests, patch_dir, manifest_path, args.pip_arg,
-    )  # fmt: skip
+    return start(args.to, Path(args.vllm) if args.vllm else None, args.keep_conflict,
+                 args.skip_tests, patch_dir, args.pip_arg)  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -1507,7 +1495,6 @@ def register(subparsers) -> None:
     )
     # The old spelling, kept working but not advertised.
     p.add_argument("--patch-dir", dest="patches_dir", help=argparse.SUPPRESS)
-    p.add_argument("--manifest", help="its manifest (default: <patches-dir>/series.json)")
     p.add_argument(
         "--pip-arg",
         action="append",
