@@ -163,6 +163,14 @@ def _apply(
             f"{repo} holds only part of the series: its files are the series' state after"
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
+    # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
+    branch = manifest.branch_name
+    if g.rev(repo, f"refs/heads/{branch}"):
+        raise SeriesError(
+            f"branch {branch} already exists in {repo} but HEAD does not carry the"
+            f" series; check it out (`{hints.git(repo, 'checkout', branch)}`) or delete it"
+            f" (`{hints.git(repo, 'branch', '-D', branch)}`) and run again"
+        )
     if differ:
         b = manifest.base
         materialised = base_mod.base_repo_path(b.project, b.version)
@@ -181,13 +189,6 @@ def _apply(
             + hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
         )
 
-    branch = manifest.branch_name
-    if g.rev(repo, f"refs/heads/{branch}"):
-        raise SeriesError(
-            f"branch {branch} already exists in {repo} but HEAD does not carry the"
-            f" series; check it out (`{hints.git(repo, 'checkout', branch)}`) or delete it"
-            f" (`{hints.git(repo, 'branch', '-D', branch)}`) and run again"
-        )
     created = {p for p in paths if states[0][p] is None and states[-1][p] is not None}
     in_the_way = journal.occupied(repo, created)
     if in_the_way:

@@ -1138,6 +1138,10 @@ def test_sdist_rebase_keeps_the_branch_where_make_apply_finds_it(sdist_series, w
     manifest = manifest_mod.load(patch_dir / "series.json")
     output = "\n".join(lines).splitlines()
     switch = next(ln.strip() for ln in output if ln.strip().startswith("git -C"))
+    # make apply on the old checkout names the same one command, not a rebase.
+    with pytest.raises(SeriesError) as err:
+        apply_mod.apply_series(checkout.path, manifest, patch_dir, log=lambda *_: None)
+    assert switch in str(err.value) and " rebase TO=" not in str(err.value)
     subprocess.run(switch, shell=True, check=True)
     lines.clear()
     assert apply_mod.apply_series(checkout.path, manifest, patch_dir, log=lines.append) == 0
