@@ -1249,6 +1249,7 @@ def _keep_branch(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> No
         if fresh:
             base_mod.clone(new_repo, checkout)
         else:  # borrow the new base's objects: nothing copied
+            g.checkout_top(checkout)  # a folder in this repository is no checkout of its own
             scratch_mod.add_alternate(checkout, new_repo)
         branch = _free_branch(checkout, manifest.branch_name)
         g.git(checkout, "fetch", "-q", "--no-tags", "--no-write-fetch-head", sess.scratch,

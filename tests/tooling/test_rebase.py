@@ -1257,3 +1257,18 @@ def test_vllm_inside_a_bigger_repository_is_refused(make_repo, series, work_dir)
     assert "git -C" not in str(err.value)
     assert snapshot(mono) == before
     assert main(["export", "--vllm", str(vendored), "--patches-dir", str(patch_dir)]) == 1
+
+
+def test_kept_branch_never_lands_in_an_enclosing_repository(sdist_series, work_dir):
+    """A plain folder where the default checkout belongs (inside a repository,
+    as work/ is inside this project) is no checkout: nothing is written there."""
+    patch_dir, pip_args, _index = sdist_series
+    outer = Repo(work_dir)
+    outer.git("init", "-q")
+    (work_dir / "vllm").mkdir()
+    lines: list[str] = []
+    assert rebase_mod.start("2.0", None, skip_tests=True, patch_dir=patch_dir, pip_args=pip_args,
+                            log=lines.append) == 0  # fmt: skip
+    assert "could not be kept" in "\n".join(lines)
+    assert outer.git("for-each-ref") == ""
+    assert not (work_dir / ".git" / "objects" / "info" / "alternates").exists()
