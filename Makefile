@@ -28,9 +28,11 @@ ARGS ?=
 # `$(call opt,--vllm,VLLM)`: the option with the variable's value, taken from
 # the environment make gives the recipe, so a path with spaces stays one word.
 opt = $(if $($(2)),$(1) "$$$(2)")
+# Targets that read no series folder refuse PATCHES= rather than ignore it.
+no_patches = $(if $(PATCHES),$(error PATCHES= does not apply to `make $@`: $(1)))
 
 .PHONY: help venv base apply status remove export check-manifest check rebase compare restore \
-	test smoke test-tooling test-series lint device-bundle pr
+	test smoke test-tooling test-series lint device-bundle pr test-rebase-e2e
 
 # The first target: a bare `make` lists the targets (README.md: "Make targets").
 help:
@@ -52,11 +54,13 @@ help:
 	@echo "make venv                         create or update .venv"
 	@echo "make device-bundle                pack what the GPU machine needs into .device/"
 	@echo "make lint                         ruff on the tooling"
+	@echo "make test-rebase-e2e              rebase onto vLLM 0.32.0 through real conflicts, then check and apply (minutes)"
 
 venv:
 	@python3 scripts/bootstrap_venv.py
 
 base: venv
+	$(call no_patches,it materialises the base patches/series.json pins)
 	$(SERIES) base
 
 apply: venv
@@ -67,13 +71,16 @@ status:
 	@PYTHONPATH=scripts python3 -m seriestool status $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES)
 
 remove:
+	$(call no_patches,it reads no series folder)
 	@PYTHONPATH=scripts python3 -m seriestool remove $(call opt,--vllm,VLLM) $(if $(DELETE),--delete-branch)
 
 export: venv
-	$(SERIES) export $(call opt,--vllm,VLLM) $(call opt,--branch,BRANCH) $(call opt,--base,BASE)
+	$(SERIES) export $(call opt,--vllm,VLLM) $(call opt,--branch,BRANCH) $(call opt,--base,BASE) \
+		$(call opt,--patches-dir,PATCHES)
 
 check-manifest:
-	@PYTHONPATH=scripts python3 -m seriestool check-manifest
+	@PYTHONPATH=scripts python3 -m seriestool check-manifest $(call opt,--patches-dir,PATCHES) \
+		$(if $(PATCHES),--manifest "$$PATCHES/series.json")
 
 # Silent recipe: with JSON=1, stdout is the report alone.
 check: venv
@@ -91,6 +98,7 @@ rebase: $(if $(ABORT),,venv)
 # git objects, so it runs with .venv's Python if there is one, else python3,
 # and never reaches PyPI; a base not cached yet is fetched with .venv's pip.
 compare:
+	$(call no_patches,it compares versions of patches/ in this repository's history)
 	@PYTHONPATH=scripts $(if $(wildcard $(PY)),$(PY),python3) -m seriestool compare \
 		$(call opt,--from,FROM) $(call opt,--to,TO) $(call opt,--vllm,VLLM) \
 		$(call opt,--draft,DRAFT) $(if $(JSON),--json) $(ARGS)
@@ -98,18 +106,27 @@ compare:
 # Undo what an interrupted `make apply` left in VLLM= (it prints this command).
 # FORCE=1: also when the checkout changed since in ways apply could not have made.
 restore:
+	$(call no_patches,it restores VLLM= from its own journal)
 	@PYTHONPATH=scripts python3 -m seriestool restore $(call opt,--vllm,VLLM) $(if $(FORCE),--force)
 
 test: venv check-manifest lint test-tooling test-series
 
 smoke: venv
+	$(call no_patches,it tests patches/)
 	$(SERIES) smoke
 
 test-tooling: venv
 	$(PY) -m pytest tests/tooling
 
 test-series: venv
+	$(call no_patches,it tests patches/)
 	$(SERIES) test-series
+
+# A real rebase onto TO= (default 0.32.0; pip fetches its sdist once) in a clone
+# of this repository, conflicts resolved by script, then check-manifest, apply
+# and the whole series' tests on the new base.  Not part of `make test`.
+test-rebase-e2e: venv
+	$(PY) scripts/rebase_e2e.py $(or $(TO),0.32.0)
 
 lint: venv
 	$(PY) -m ruff check scripts tests
@@ -118,7 +135,9 @@ lint: venv
 # A pull-request group as branch pr/<GROUP> in VLLM= (default work/vllm), and
 # its description under work/pr/; SIGNOFF=1 re-signs the commits as you.
 pr: venv
+	$(call no_patches,it exports a group of patches/)
 	$(SERIES) pr --group "$$GROUP" $(call opt,--vllm,VLLM) $(if $(SIGNOFF),--signoff)
 
 device-bundle: venv
+	$(call no_patches,it bundles patches/)
 	$(SERIES) device-bundle

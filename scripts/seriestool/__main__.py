@@ -1,4 +1,11 @@
+import os
 import sys
+
+# git's paths and patch text are UTF-8 bytes: in a locale that is not UTF-8
+# (LC_ALL=C), run in Python's UTF-8 mode, so a path git prints names the same
+# file to Python and compares equal to the manifest's.
+if not sys.flags.utf8_mode and sys.getfilesystemencoding().lower() not in ("utf-8", "utf8"):
+    os.execv(sys.executable, [sys.executable, "-X", "utf8", *sys.orig_argv[1:]])
 
 
 def _main() -> int:

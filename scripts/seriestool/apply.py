@@ -101,7 +101,7 @@ def apply_series(
         SeriesError: a refusal or a failed patch; the checkout is unchanged.
         interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; the checkout is unchanged.
     """
-    with interrupts.deferred() as guard:
+    with interrupts.deferred() as guard, journal.locked(Path(repo)):
         return _apply(Path(repo), manifest, Path(patch_dir), log, guard)
 
 
@@ -122,7 +122,7 @@ def _apply(
             f" then write the series back with `{hints.make('export')}` and run"
             f' `{hints.make("test")}` (README: "Changing a patch")'
         )
-    repo = g.toplevel(repo)
+    repo = g.checkout_top(repo)  # a folder inside a bigger repository is refused
     refuse_unsafe_state(repo)
     if not manifest.patches:
         log("the series is empty; nothing to apply")
@@ -144,12 +144,7 @@ def _apply(
             f"{repo} holds only part of the series: its files are the series' state after"
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
-    if differ:
-        held = versions.held_in(repo, head, patch_dir)
-        if held:
-            raise SeriesError(_upgrade(repo, head, held, manifest, patch_dir))
-        raise SeriesError(_not_at_base(repo, head, manifest, patch_dir, differ))
-
+    # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
     branch = manifest.branch_name
     if g.rev(repo, f"refs/heads/{branch}"):
         raise SeriesError(
@@ -157,6 +152,12 @@ def _apply(
             f" series; check it out (`{hints.git(repo, 'checkout', branch)}`) or delete it"
             f" (`{hints.git(repo, 'branch', '-D', branch)}`) and run again"
         )
+    if differ:
+        held = versions.held_in(repo, head, patch_dir)
+        if held:
+            raise SeriesError(_upgrade(repo, head, held, manifest, patch_dir))
+        raise SeriesError(_not_at_base(repo, head, manifest, patch_dir, differ))
+
     created = {p for p in paths if states[0][p] is None and states[-1][p] is not None}
     in_the_way = journal.occupied(repo, created)
     if in_the_way:

@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, hints, patchset, placement, rangediff
+from . import check_manifest, hints, interrupts, patchset, placement, rangediff
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
@@ -243,24 +243,18 @@ def audit(
     if paths:
         # `:(literal)`: series paths are file names, never glob patterns.
         pathspecs = [f":(literal){p}" for p in paths]
-        with scratch_mod.view(repo) as view:
+        with tempfile.TemporaryDirectory(prefix="seriestool-audit-") as tmp:
+            scratch = scratch_mod.make_checkout(repo, Path(tmp) / "scratch", base, paths)
             # One pipeline over the whole consolidated range; commits touching
             # no series path are skipped by git itself.
-            cons_ids = patchset.commit_patch_ids(view, f"{base}..{cons}", pathspecs)
-            found = _without_building(view, base, cons, patch_files, images, touched, paths,
-                                      cons_ids, results)  # fmt: skip
-        if found is not None:
-            extra, files = found
-        else:
-            with tempfile.TemporaryDirectory(prefix="seriestool-audit-") as tmp:
-                scratch = scratch_mod.make_checkout(repo, Path(tmp) / "scratch", base, paths)
-                series_commits = _apply_series(scratch, base, patch_files, images)
-                g.git(scratch, "update-ref", _SERIES_REF, series_commits[-1])
-                g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
-                extra, files = _classify(
-                    scratch, base, series_commits, cons, paths, cons_ids, results,
-                    creation_factor, Path(tmp),
-                )  # fmt: skip
+            cons_ids = patchset.commit_patch_ids(scratch, f"{base}..{cons}", pathspecs)
+            series_commits = _apply_series(scratch, base, patch_files, images)
+            g.git(scratch, "update-ref", _SERIES_REF, series_commits[-1])
+            g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
+            extra, files = _classify(
+                scratch, base, series_commits, cons, paths, cons_ids, results,
+                creation_factor, Path(tmp),
+            )  # fmt: skip
     n_cons = len(cons_ids)
 
     report = Report(
@@ -278,63 +272,6 @@ def audit(
     _apply_accepts(report, repo)
     report.seconds = time.monotonic() - started
     return report
-
-
-def _without_building(
-    view: Path,
-    base: str,
-    cons: str,
-    patch_files: Sequence[Path],
-    images: list[patchset.Image],
-    touched: list[list[str]],
-    paths: list[str],
-    cons_ids: list[tuple[str, str]],
-    results: list[PatchResult],
-) -> tuple[list[ExtraCommit], list[FileState]] | None:
-    """The audit's findings without building the series, when that is exact.
-
-    BASE holds every patch's recorded preimages, so each patch file's stable
-    patch ID is its commit's and the series' result is its postimages (the
-    ``index`` lines).  When every patch has an identical commit and the tip's
-    series-owned files are that result, the report needs nothing else.
-    Otherwise (or when a file section records no blob ids) None: the full
-    audit builds the series in a scratch checkout.
-    """
-    if any(set(each) != set(image) for each, image in zip(touched, images, strict=True)):
-        return None
-    expected = g.tree_entries(view, base, paths)
-    for image in images:
-        for path, (pre, post) in image.items():
-            if expected.get(path) != pre:
-                return None
-            if post is None:
-                expected.pop(path, None)
-            else:
-                expected[path] = post
-    if g.tree_entries(view, cons, paths) != expected:
-        return None
-    unclaimed = dict(cons_ids)
-    by_id: dict[str, list[str]] = {}
-    for commit, pid in cons_ids:
-        by_id.setdefault(pid, []).append(commit)
-    claims = []
-    for patch in patch_files:
-        pid = patchset.patch_id_of_file(patch)
-        candidates = [c for c in by_id.get(pid, []) if c in unclaimed]
-        if not candidates:
-            return None
-        claims.append((pid, candidates[0]))
-        del unclaimed[candidates[0]]
-    for result, (pid, commit) in zip(results, claims, strict=True):
-        result.patch_id, result.status, result.commits = pid, IDENTICAL, [commit]
-    extras = [c for c, _ in cons_ids if c in unclaimed]
-    pathspecs = [f":(literal){p}" for p in paths]
-    info = _commit_info(view, extras, pathspecs) if extras else {}
-    files = []
-    for path in paths:
-        entry = {"mode": expected[path][0], "blob": expected[path][1]} if path in expected else None
-        files.append(FileState(path, entry, entry))
-    return [ExtraCommit(commit=c, subject=info[c][0], paths=info[c][1]) for c in extras], files
 
 
 def _classify(
@@ -416,7 +353,7 @@ def _find_combined(
         parent = series_commits[first - 1] if first else base
         synthetic[(first, last)] = g.out(
             scratch, "commit-tree", f"{series_commits[last]}^{{tree}}", "-p", parent,
-            "-m", f"combined patches {first + 1}..{last + 1}",
+            "-m", f"combined patches {first + 1}..{last + 1}", env=base_mod.BASE_IDENTITY,
         )  # fmt: skip
     ids = patchset.patch_ids_of_commits(scratch, list(synthetic.values()), pathspecs)
     by_id: dict[str, list[str]] = {}
@@ -599,7 +536,7 @@ def _apply_series(scratch: Path, base: str, patch_files: Sequence[Path], images)
         patchset.am(scratch, patch_files)
     except SeriesError as e:
         next_file = g.git_dir(scratch) / "rebase-apply" / "next"
-        number = int(next_file.read_text()) if next_file.exists() else 0
+        number = int(next_file.read_bytes()) if next_file.exists() else 0
         name = patch_files[number - 1].name if 0 < number <= len(patch_files) else "a patch"
         raise SeriesError(
             f"patch {name} does not apply on the base in the scratch clone, so the"
@@ -684,7 +621,7 @@ def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str,
     """
     path_file = tmp / "series-paths"
     # `literal:` so no series path is read as a glob, regex or rename rule.
-    path_file.write_text("".join(f"literal:{p}\n" for p in paths))
+    path_file.write_bytes(g.encode("".join(f"literal:{p}\n" for p in paths)))
     cmd = [
         *filter_repo_command(), "--quiet", "--force", "--paths-from-file", str(path_file),
         "--refs", f"^{base}", _SERIES_REF, _CONSOLIDATED_REF,
@@ -699,7 +636,7 @@ def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str,
         )
     old_of: dict[str, str] = {}
     commit_map = g.git_dir(scratch) / "filter-repo" / "commit-map"
-    for line in commit_map.read_text().splitlines()[1:]:  # header: "old new"
+    for line in commit_map.read_text(encoding="ascii").splitlines()[1:]:  # header: "old new"
         old, new = line.split()
         if set(new) != {"0"}:
             old_of[new] = old
@@ -927,38 +864,44 @@ def refuse_inconsistent_series(
             f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
             " trustworthy series to audit against:\n  "
             + "\n  ".join(found)
-            + f"\nrun `{hints.make('check-manifest')}` to see the differences; restore the"
-            f" patch files (`{hints.git(patch_dir, 'checkout', '--', '.')}`), or, if the change"
-            f" is intended, re-export the series with `{hints.make('export')}`, then run the"
-            " audit again"
+            + f"\n{hints.fix_series(patch_dir)}, then run the audit again"
         )
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``check`` command: print the report, return 0, 1 or 2 (see module doc)."""
+    """The ``check`` command: print the report, return 0, 1 or 2 (see module doc).
+
+    A signal stops it at the next git call, its scratch folders removed."""
     try:
-        accepts = args.accepts or []
-        if accepts and accepts[-1].reason == "":
-            raise SeriesError(f'--accept {accepts[-1].key} needs a --reason "..." after it')
-        manifest_path = args.manifest or manifest_mod.MANIFEST_PATH
-        patch_dir = args.patches_dir or (
-            manifest_path.parent if args.manifest else manifest_mod.PATCH_DIR
-        )
-        manifest = manifest_mod.load(manifest_path)
-        refuse_inconsistent_series(manifest, manifest_path, patch_dir)
-        repo = args.vllm or base_mod.WORK_DIR / "vllm"
-        if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
-            args.base = default_base(repo, manifest.base)
-        report = audit(
-            repo=repo,
-            consolidated_ref=args.consolidated or manifest.branch_name,
-            base_ref=args.base or manifest.base.commit,
-            patch_files=manifest.patch_paths(patch_dir),
-            accepts=accepts,
-            creation_factor=args.creation_factor,
-            pinned=manifest.base,
-        )
+        with interrupts.deferred():
+            report = _run(args)
+    except interrupts.Interrupted:
+        raise
     except SeriesError as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def _run(args: argparse.Namespace) -> Report:
+    accepts = args.accepts or []
+    if accepts and accepts[-1].reason == "":
+        raise SeriesError(f'--accept {accepts[-1].key} needs a --reason "..." after it')
+    # PATCHES= names a series folder: its manifest is the one beside its patches.
+    patch_dir = args.patches_dir or (args.manifest.parent if args.manifest else None)
+    manifest_path = args.manifest or (patch_dir or manifest_mod.PATCH_DIR) / "series.json"
+    patch_dir = patch_dir or manifest_mod.PATCH_DIR
+    manifest = manifest_mod.load(manifest_path)
+    refuse_inconsistent_series(manifest, manifest_path, patch_dir)
+    repo = args.vllm or base_mod.WORK_DIR / "vllm"
+    if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
+        args.base = default_base(repo, manifest.base)
+    return audit(
+        repo=repo,
+        consolidated_ref=args.consolidated or manifest.branch_name,
+        base_ref=args.base or manifest.base.commit,
+        patch_files=manifest.patch_paths(patch_dir),
+        accepts=accepts,
+        creation_factor=args.creation_factor,
+        pinned=manifest.base,
+    )

@@ -122,7 +122,12 @@ def read_upstream_commit(tree: Path) -> str | None:
     version_py = tree / "vllm" / "_version.py"
     if not version_py.exists():
         return None
-    match = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py.read_text())
+    return upstream_commit_in(version_py.read_text(encoding="utf-8", errors="replace"))
+
+
+def upstream_commit_in(version_py: str) -> str | None:
+    """The abbreviated upstream commit that a ``vllm/_version.py``'s text records."""
+    match = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py)
     return match.group(1) if match else None
 
 
@@ -281,7 +286,6 @@ def clone(base_repo: Path, dest: Path, branch: str = BASE_BRANCH) -> Path:
     """A working checkout of the base, sharing the cache's objects."""
     g.git(base_repo.parent, "clone", "-q", "--shared", "--branch", branch,
           str(base_repo), str(dest))  # fmt: skip
-    # Commits made by the tooling in its own checkouts need an identity.
-    g.git(dest, "config", "user.name", "vLLM loader series")
-    g.git(dest, "config", "user.email", "series@localhost")
+    # No user.* is written: commits the tools make carry an identity per
+    # command (``patchset.am``), and the user's own commits theirs.
     return dest

@@ -9,15 +9,14 @@ reads as such: a recorded pair "rewritten from vN NNNN `subject`: <what
 differs>", a new patch whose recorded ancestor is paired already "split from
 vN NNNN `subject` (recorded; ...)"; an old patch a recorded entry consumes is
 not listed as dropped.
+
+It reads ``compare``'s ``Comparison``, ``Change`` and ``Patch`` by their
+fields and imports nothing of ``compare``, which imports it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .compare import Change, Comparison, Patch
 
 UNCHANGED = "unchanged"
 NEW = "new"
@@ -35,7 +34,7 @@ MERGED = "merged"  # a further recorded ancestor of a new patch, and that patch
 _NO_WHY = {UNCHANGED, CONTEXT_ONLY}
 
 
-def draft(comparison: Comparison) -> str:
+def draft(comparison) -> str:
     """The Markdown section, ending with a newline."""
     old, new = comparison.old, comparison.new
     ov = old.state.version
@@ -65,14 +64,14 @@ def _where(state) -> str:
     return "the working tree" if state.commit is None else f"commit {state.commit[:12]}"
 
 
-def _base_sentence(comparison: Comparison) -> str:
+def _base_sentence(comparison) -> str:
     old, new = comparison.old.manifest.base, comparison.new.manifest.base
     if (old.project, old.version, old.commit) == (new.project, new.version, new.commit):
         return f"Base: {new.project} {new.version}, unchanged."
     return f"Base: {old.project} {old.version} -> {new.project} {new.version}."
 
 
-def _line(change: Change, comparison: Comparison) -> str:
+def _line(change, comparison) -> str:
     ov = comparison.old.state.version
     old, new = change.old, change.new
     if new is None:
@@ -95,7 +94,7 @@ def _line(change: Change, comparison: Comparison) -> str:
     return f"{head}: {text}.{why}"
 
 
-def _describe(kind: str, change: Change, comparison: Comparison) -> str:
+def _describe(kind: str, change, comparison) -> str:
     ov = comparison.old.state.version
     old = change.old
     if kind == NEW:
@@ -160,7 +159,7 @@ def is_doc(path: str) -> bool:
     return path.startswith("docs/") or path.endswith((".md", ".rst"))
 
 
-def recorded_pieces(changes: Sequence[Change], ancestor: Patch) -> list[Patch]:
+def recorded_pieces(changes: Sequence, ancestor) -> list:
     """The new patches that carry ``ancestor``: its pair and those that record it."""
     return sorted(
         (
@@ -172,7 +171,7 @@ def recorded_pieces(changes: Sequence[Change], ancestor: Patch) -> list[Patch]:
     )
 
 
-def _subject_note(change: Change, also: bool = False) -> str:
+def _subject_note(change, also: bool = False) -> str:
     old, new = change.old, change.new
     rewritten = change.paired_by == "manifest"  # "rewritten from" names the old subject
     if old is not None and new is not None and old.subject != new.subject and not rewritten:

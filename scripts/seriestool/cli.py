@@ -73,3 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_BROKEN_PIPE
+    except OSError as e:  # after BrokenPipeError, which is one too
+        # The environment failed (a full disk, a folder that cannot be written,
+        # a file-size limit): what failed and what to do, not a traceback.
+        where = f": {e.filename}" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}; free space, or fix the permission or"
+              " limit, and run again (a checkout an interrupted command left part-way is"
+              f" named by the next run, with the one command that restores it)",
+              file=sys.stderr)  # fmt: skip
+        return 1

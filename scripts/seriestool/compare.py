@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import base as base_mod
-from . import changelog, hints, patchset, rangediff, versions
+from . import changelog, hints, interrupts, patchset, rangediff, versions
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
@@ -695,16 +695,22 @@ def _bases_line(old: Side, new: Side) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``compare`` command: print the report; 0, or 2 when it could not run."""
+    """The ``compare`` command: print the report; 0, or 2 when it could not run.
+
+    A signal stops it at the next git call, its scratch folders removed."""
     try:
-        comparison = compare(
-            repo=args.repo or manifest_mod.ROOT,
-            from_spec=args.from_spec,
-            to_spec=args.to_spec,
-            vllm=args.vllm,
-        )
-        if args.draft:
-            args.draft.write_text(comparison.draft())
+        with interrupts.deferred():
+            comparison = compare(
+                repo=args.repo or manifest_mod.ROOT,
+                from_spec=args.from_spec,
+                to_spec=args.to_spec,
+                vllm=args.vllm,
+            )
+            if args.draft:
+                args.draft.write_text(comparison.draft(), encoding="utf-8",
+                                      errors="surrogateescape")  # fmt: skip
+    except interrupts.Interrupted:
+        raise
     except (SeriesError, OSError) as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
     if args.json:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import git as g
-from . import hints, interrupts, patchset, scratch
+from . import hints, interrupts, patchset, scratch, seriesdoc
 from . import manifest as manifest_mod
 from .apply import SERIES_BASE_KEY, default_checkout
 from .errors import SeriesError
@@ -107,8 +107,8 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="mailinfo-") as tmp:
         msg, rest = Path(tmp) / "msg", Path(tmp) / "patch"
         info = g.out(repo, "mailinfo", "-b", "--no-scissors", str(msg),
-                     str(rest), input=patch.read_text())  # fmt: skip
-        parsed = msg.read_text().strip()
+                     str(rest), input=patch.read_bytes())  # fmt: skip
+        parsed = g.decode(msg.read_bytes()).strip()
     parsed_subject = next(
         (line[len("Subject: ") :] for line in info.splitlines() if line.startswith("Subject: ")),
         "",
@@ -195,6 +195,7 @@ def resolve_base(
     )
 
 
+@interrupts.deferring
 def export_series(
     repo: Path,
     manifest: manifest_mod.Manifest,
@@ -203,6 +204,8 @@ def export_series(
     patch_dir: Path = manifest_mod.PATCH_DIR,
     manifest_path: Path = manifest_mod.MANIFEST_PATH,
     log=print,
+    *,
+    guard: interrupts.Guard,
 ) -> list[Path]:
     """Export ``base..branch`` of ``repo`` into ``patch_dir`` and refresh the manifest.
 
@@ -212,11 +215,6 @@ def export_series(
     Raises:
         SeriesError: unknown branch or base, or a merge in the range.
     """
-    with interrupts.deferred():
-        return _export(repo, manifest, branch, base, patch_dir, manifest_path, log)
-
-
-def _export(repo, manifest, branch, base, patch_dir, manifest_path, log) -> list[Path]:
     if not g.rev(repo, branch):
         raise SeriesError(
             f"{repo} has no branch or commit {branch!r} (BRANCH=): name the series branch there"
@@ -238,6 +236,7 @@ def _export(repo, manifest, branch, base, patch_dir, manifest_path, log) -> list
         for f in files:
             shutil.copyfile(f, patch_dir / f.name)
     manifest.save(manifest_path)
+    seriesdoc.sync(manifest, patch_dir, log)
     log(f"exported {len(files)} patches from {branch} ({base_commit[:12]}..) to {patch_dir}")
     return [patch_dir / f.name for f in files]
 
@@ -257,16 +256,17 @@ def _refuse_uncommitted_patches(patch_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    manifest = manifest_mod.load()
-    if args.vllm and not g.is_repo(args.vllm):
-        raise SeriesError(f"{hints.no_checkout(args.vllm)}: VLLM= must name a vLLM git checkout")
-    repo = g.toplevel(args.vllm) if args.vllm else default_checkout()
+    patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_mod.PATCH_DIR
+    manifest_path = patch_dir / manifest_mod.MANIFEST_PATH.name
+    manifest = manifest_mod.load(manifest_path)
+    repo = g.checkout_top(args.vllm) if args.vllm else default_checkout()
     if not repo.exists():
         raise SeriesError(
             f"{repo} does not exist; run `{hints.make('apply')}` first, or name the checkout"
             " with VLLM="
         )
-    export_series(repo, manifest, args.branch or manifest.branch_name, args.base)
+    export_series(repo, manifest, args.branch or manifest.branch_name, args.base, patch_dir,
+                  manifest_path)  # fmt: skip
     return 0
 
 
@@ -277,4 +277,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--branch", help="branch to export (default: the series branch)")
     p.add_argument("--base", help="commit the branch is based on (default: pinned base)")
+    p.add_argument(
+        "--patches-dir", metavar="DIR", help="series folder to write, with its manifest"
+        " (default: patches/)"
+    )  # fmt: skip
     p.set_defaults(func=run)

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import interrupts
 from .errors import SeriesError
+from .hints import no_checkout
 
 # Pinned on every call, on the command-line scope.
 PINNED_CONFIG = (
@@ -95,9 +97,9 @@ def _safe_directories() -> tuple[str, ...]:
     for scope in ("--system", "--global"):
         proc = subprocess.run(
             ["git", "config", scope, "--includes", "-z", "--get-all", "safe.directory"],
-            capture_output=True, text=True, check=False, cwd="/",
+            capture_output=True, check=False, cwd="/",
         )  # fmt: skip
-        found += [v for v in proc.stdout.split("\0") if v]
+        found += [v for v in decode(proc.stdout).split("\0") if v]
     return tuple(found)
 
 
@@ -150,22 +152,39 @@ def git(
             carries the command and git's own stderr.
     """
     interrupts.check()
-    cmd = ["git", "-C", str(repo), *args]
-    if isinstance(input, str) and not text:
-        input = input.encode()
+    cmd = [encode(a) for a in ("git", "-C", str(repo), *args)]
     proc = subprocess.run(
         cmd,
-        input=input,
+        input=encode(input) if isinstance(input, str) else input,
         capture_output=True,
         env=_env(env),
-        text=text,
         check=False,
         start_new_session=True,
     )
+    if text:
+        proc.stdout, proc.stderr = decode(proc.stdout), decode(proc.stderr)
     if check and proc.returncode != 0:
-        stderr = proc.stderr if text else proc.stderr.decode(errors="replace")
-        raise SeriesError(f"git {' '.join(args[:3])} failed in {repo}: {stderr.strip()}")
+        stderr = (proc.stderr if text else decode(proc.stderr)).strip()
+        if proc.returncode < 0:  # a signal, e.g. the file-size limit, ended git silently
+            stderr = f"{stderr} killed by {signal.Signals(-proc.returncode).name}".strip()
+            if proc.returncode == -signal.SIGXFSZ:
+                stderr += ": a file reached the file-size limit (`ulimit -f`); raise it"
+        raise SeriesError(f"git {' '.join(args[:3])} failed in {repo}: {stderr}")
     return proc
+
+
+def encode(text: str) -> bytes:
+    """Bytes for git of a string the tool holds: UTF-8, and the original bytes
+    of what ``decode`` could not read (whatever the locale: git's paths and
+    patch text are bytes, UTF-8 by convention)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def decode(data: bytes) -> str:
+    """git's output as Python names files (``os.fsdecode``): a path read from
+    it opens as the same file, and ``encode`` gives its bytes back, also in
+    the C locale."""
+    return os.fsdecode(data)
 
 
 def out(repo: Path | str, *args: str, **kwargs) -> str:
@@ -180,6 +199,28 @@ def is_repo(path: Path) -> bool:
 
 def toplevel(path: Path) -> Path:
     return Path(out(path, "rev-parse", "--show-toplevel"))
+
+
+def checkout_top(path: Path) -> Path:
+    """``path``, the top of a git checkout (``VLLM=``), resolved.
+
+    Raises:
+        SeriesError: ``path`` is no checkout, or a folder inside one (a vLLM
+            vendored in a monorepo): commands for it would act on the whole
+            enclosing repository.
+    """
+    path = Path(path)
+    if not is_repo(path):
+        raise SeriesError(f"{no_checkout(path)}: VLLM= must name the top of a vLLM git checkout")
+    top = toplevel(path)
+    if top != path.resolve():
+        raise SeriesError(
+            f"{path} is a folder inside the git repository {top}, not the top of a vLLM"
+            " checkout: the tools switch branches and files of a whole repository, and would"
+            f" act on all of {top}. Use a vLLM checkout of its own (e.g. `git clone {top}"
+            " /tmp/vllm`, or a `git worktree`) as VLLM="
+        )
+    return top
 
 
 def git_dir(repo: Path) -> Path:
@@ -257,19 +298,25 @@ def tracked_changes(repo: Path) -> list[str]:
     return [line for line in status.splitlines() if line.strip()]
 
 
+# Who commits when git has no identity for the user: the README names it.
+FALLBACK_NAME, FALLBACK_EMAIL = "vLLM loader series", "series@localhost"
+
+
 def user_identity(repo: Path) -> dict[str, str]:
     """``GIT_COMMITTER_NAME``/``EMAIL`` as the user's own git would commit in ``repo``.
 
     Read with the user's full configuration (``git var``: environment, repo,
-    global and system config); the tool's identity when none is configured.
+    global and system config); the fallback identity when none is configured.
+    The tool passes it per command, in the environment: it never writes
+    ``user.*`` into any repository's config.
     """
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     proc = subprocess.run(
         ["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
-        capture_output=True, text=True, env=env, check=False, start_new_session=True,
+        capture_output=True, env=env, check=False, start_new_session=True,
     )  # fmt: skip
-    name, sep, rest = proc.stdout.partition(" <")
+    name, sep, rest = decode(proc.stdout).partition(" <")
     email = rest.partition(">")[0]
     if proc.returncode != 0 or not sep or not name.strip():
-        name, email = "vLLM loader series", "series@localhost"
+        name, email = FALLBACK_NAME, FALLBACK_EMAIL
     return {"GIT_COMMITTER_NAME": name.strip(), "GIT_COMMITTER_EMAIL": email}

@@ -40,3 +40,21 @@ def no_checkout(path: Path) -> str:
     return (
         f"{shown} does not exist" if not os.path.lexists(path) else f"{shown} is not a git checkout"
     )
+
+
+def fix_series(patch_dir: Path) -> str:
+    """What to do about patch files that disagree with their manifest, for
+    ``patch_dir`` itself: its own restore and export commands (never the
+    project's ``patches/`` for another folder)."""
+    from . import git as g
+    from .manifest import PATCH_DIR
+
+    default = Path(patch_dir).resolve() == PATCH_DIR.resolve()
+    patches = None if default else str(patch_dir)
+    where = f"`{make('check-manifest', PATCHES=patches)}` shows the differences; "
+    if g.is_repo(Path(patch_dir)):
+        where += f"restore the patch files (`{git(patch_dir, 'checkout', '--', '.')}`), or, "
+    return (
+        where + "if the change is intended, export the branch it comes from again"
+        f" (`{make('export', PATCHES=patches)}`)"
+    )

@@ -15,14 +15,17 @@ pytest) are passed the signal by ``run()``, so they stop promptly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from .errors import SeriesError
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+T = TypeVar("T")
 
 _pending: list[int] = []
 _shield_depth = 0
@@ -47,10 +50,12 @@ def _record(signum, _frame) -> None:
 
 class Guard:
     """Handed out by ``deferred()``: ``completed()`` marks the point after
-    which the command's work stands (a signal then no longer undoes it)."""
+    which the command's work stands (a signal then no longer undoes it);
+    ``held`` keeps context managers (a checkout's lock) until the block ends."""
 
     def __init__(self) -> None:
         self.done = False
+        self.held = contextlib.ExitStack()
 
     def completed(self) -> None:
         global _shield_depth
@@ -88,12 +93,24 @@ def deferred() -> Iterator[Guard]:
         raise
     finally:
         global _shield_depth
+        guard.held.close()
         if guard.done:
             _shield_depth -= 1
         _depth -= 1
         if _depth == 0:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def deferring(func: Callable[..., T]) -> Callable[..., T]:
+    """``func`` run inside ``deferred()``, given its guard as ``guard=``."""
+
+    @functools.wraps(func)
+    def run_deferred(*args, **kwargs) -> T:
+        with deferred() as guard:
+            return func(*args, guard=guard, **kwargs)
+
+    return run_deferred
 
 
 def pending() -> int | None:

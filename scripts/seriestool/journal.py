@@ -35,10 +35,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import git as g
@@ -49,6 +51,9 @@ JOURNAL = "seriestool-journal"
 # git state files an interrupted command may leave in the git folder.
 _GIT_LEFTOVERS = ("rebase-apply", "AUTO_MERGE", "MERGE_MSG", "index.lock", "HEAD.lock",
                   "ORIG_HEAD.lock", "config.lock", "packed-refs.lock")  # fmt: skip
+
+# git's own small files (HEAD), read byte for byte whatever the locale.
+_RAW = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 
 def restore_command(repo: Path, force: bool = False) -> str:
@@ -88,6 +93,9 @@ class Journal:
     # A journal written before scopes were recorded has the empty scope: every
     # change it finds is then foreign, and restoring it needs FORCE=1.
     scope: Scope = dataclasses.field(default_factory=Scope)
+    # Permission bits of the scope's work-tree files: put back as they were
+    # also where git does not track them (core.fileMode=false).
+    modes: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def pid_alive(pid: int) -> bool:
@@ -110,12 +118,52 @@ def pid_alive(pid: int) -> bool:
 def _zombie(pid: int) -> bool:
     """``pid`` is a zombie, per Linux ``/proc/<pid>/stat`` (False where unreadable)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
     # "pid (comm) state ...": comm may hold spaces and parentheses.
     fields = stat[stat.rfind(")") + 1 :].split()
     return bool(fields) and fields[0] == "Z"
+
+
+@contextlib.contextmanager
+def locked(repo: Path) -> Iterator[None]:
+    """Hold ``repo``'s lock while a command changes it: one at a time per checkout.
+
+    The lock is ``flock`` on the checkout's git folder itself: no file is
+    written, and the kernel releases it when the holder ends however it
+    ends, so a killed run never leaves a stale lock (what it left part-way
+    is the journal's, and the next run names the command that undoes it).
+
+    Raises:
+        SeriesError: another process holds it; names that process.
+    """
+    if not g.is_repo(repo):  # nothing to lock: the command itself refuses it
+        yield
+        return
+    fd = os.open(g.common_dir(repo), os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SeriesError(
+                f"another seriestool command{_holder(g.common_dir(repo))} is changing {repo}"
+                " right now; nothing was changed: wait for it to end and run again"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _holder(folder: Path) -> str:
+    """`` (pid N: its command line)`` of a process that has ``folder`` open, or ""."""
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(fd.parts[2])
+            if pid != os.getpid() and os.readlink(fd) == str(folder):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                return f" (pid {pid}: {g.decode(b' '.join(argv).strip())})"
+    return ""
 
 
 def occupied(repo: Path, paths) -> list[str]:
@@ -188,15 +236,17 @@ class Transaction:
             pid=os.getpid(),
             repo=str(repo),
             head=g.out(repo, "rev-parse", "--verify", "HEAD"),
-            head_raw=(gdir / "HEAD").read_text(),
-            orig_head_raw=orig_head.read_text() if orig_head.exists() else None,
+            head_raw=(gdir / "HEAD").read_text(**_RAW),
+            orig_head_raw=orig_head.read_text(**_RAW) if orig_head.exists() else None,
             refs=_refs(repo),
             git_dir_names=sorted(p.name for p in gdir.iterdir()),
             created={path: sorted(blobs) for path, blobs in created.items()},
             created_dirs=_missing_dirs(repo, created),
             had_index=index.exists(),
             scope=scope,
-        )
+            modes={p: os.lstat(repo / p).st_mode & 0o7777 for p in scope.paths
+                   if (repo / p).is_file() and not (repo / p).is_symlink()},
+        )  # fmt: skip
         # No git call from here on: nothing can interrupt the journal half-written.
         folder = gdir / JOURNAL
         folder.mkdir()  # fails if another journal is there: refuse_leftover ran first
@@ -224,7 +274,7 @@ class Transaction:
         if not data.exists():
             shutil.rmtree(folder)
             return None
-        fields = json.loads(data.read_text())
+        fields = json.loads(data.read_bytes())
         fields["scope"] = Scope(**fields.get("scope", {}))
         return cls(g.toplevel(repo), Journal(**fields), gdir, g.common_dir(repo))
 
@@ -276,7 +326,7 @@ class Transaction:
     def _foreign_head_and_refs(self) -> list[str]:
         j, scope, op = self.journal, self.journal.scope, self.journal.op
         found = []
-        head = (self.git_dir / "HEAD").read_text().strip()
+        head = (self.git_dir / "HEAD").read_text(**_RAW).strip()
         may_point_at = [*scope.refs, *(scope.refs.get("HEAD") or [])]  # "HEAD": detached at
         if head != j.head_raw.strip() and head.removeprefix("ref: ") not in may_point_at:
             found.append(
@@ -376,7 +426,9 @@ class Transaction:
         """
         if not self.journal.had_index:
             return []
-        shutil.copyfile(self.dir / "index", tmp / "index")
+        # copy2: the index keeps its mtime, by which git tells a file changed
+        # in the same second as its entry ("racily clean") from an unchanged one.
+        shutil.copy2(self.dir / "index", tmp / "index")
         env = {"GIT_INDEX_FILE": str(tmp / "index")}
         g.git(self.repo, "update-index", "-q", "--refresh", env=env, check=False)
         changed = g.out(self.repo, "diff-files", "--name-only", "-z", env=env)
@@ -396,11 +448,11 @@ class Transaction:
             _write_atomic(gdir / "index", (self.dir / "index").read_bytes())
         else:
             (gdir / "index").unlink(missing_ok=True)
-        _write_atomic(gdir / "HEAD", j.head_raw.encode())
+        _write_atomic(gdir / "HEAD", g.encode(j.head_raw))
         if j.orig_head_raw is None:
             (gdir / "ORIG_HEAD").unlink(missing_ok=True)
         else:
-            _write_atomic(gdir / "ORIG_HEAD", j.orig_head_raw.encode())
+            _write_atomic(gdir / "ORIG_HEAD", g.encode(j.orig_head_raw))
         now = _refs(repo)
         for ref, oid in now.items():
             if ref not in j.refs and ref not in keep_refs:
@@ -424,6 +476,10 @@ class Transaction:
             env = {"GIT_INDEX_FILE": str(tmp / "index")}
             g.git(repo, "checkout-index", "-f", "-q", "-z", "--stdin",
                   input="\0".join(changed) + "\0", env=env)  # fmt: skip
+        for path, mode in j.modes.items():
+            full = repo / path
+            if full.is_file() and not full.is_symlink() and full.stat().st_mode & 0o7777 != mode:
+                full.chmod(mode)
         existing = [p for p in j.created if os.path.lexists(repo / p)]
         if existing:
             indexed = set(g.out(repo, "ls-files", "-z", "--", *[f":(literal){p}" for p in existing])

@@ -117,7 +117,7 @@ class Manifest:
     def save(self, path: Path = MANIFEST_PATH) -> None:
         # Write then rename: an interrupted save never leaves half a manifest.
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json())
+        tmp.write_text(self.to_json(), encoding="utf-8")
         tmp.replace(path)
 
     def prune_departed(self) -> list[str]:
@@ -255,7 +255,7 @@ def load(path: Path = MANIFEST_PATH) -> Manifest:
             message names the file and the field (or the subject).
     """
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise SeriesError(f"manifest {path} is missing") from None
     except json.JSONDecodeError as e:

@@ -23,7 +23,7 @@ Entry = tuple[str, str]
 Image = dict[str, tuple[Entry | None, Entry | None]]
 
 
-def patch_id_of_text(diff_text: str, cwd: Path) -> str | None:
+def patch_id_of_text(diff_text: str | bytes, cwd: Path) -> str | None:
     """Stable patch ID of one patch (format-patch file or diff text)."""
     output = g.out(cwd, "patch-id", "--verbatim", input=diff_text)
     return output.split()[0] if output else None
@@ -43,7 +43,7 @@ def patch_id_of_file(path: Path) -> str:
     """
     key = sha256_of_file(path)
     if key not in _patch_ids:
-        pid = patch_id_of_text(path.read_text(), path.parent)
+        pid = patch_id_of_text(path.read_bytes(), path.parent)
         if pid is None:
             raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
         _patch_ids[key] = pid
@@ -58,7 +58,7 @@ def sha256_of_file(path: Path) -> str:
 
 def subject_of_file(path: Path) -> str:
     """The patch's subject without the ``[PATCH n/m]`` prefix."""
-    with path.open() as f:
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
         headers = email.parser.Parser().parse(f, headersonly=True)
     raw = headers.get("Subject")
     if raw is None:
@@ -150,6 +150,7 @@ def am(
 
     Every option that a setting could change is given explicitly; hooks are
     off (``git.git``), unless ``hooks`` names a folder the tool made itself.
+    The committer is ``env``'s, else the user's (``git.user_identity``).
 
     Raises:
         SeriesError: a patch did not apply; the am session is left in
@@ -162,6 +163,8 @@ def am(
         args.append("--3way")
     if hooks is not None:
         args = ["-c", f"core.hooksPath={hooks}", *args]
+    if not (env and "GIT_COMMITTER_NAME" in env):
+        env = {**g.user_identity(repo), **(env or {})}
     g.git(repo, *args, *[str(p) for p in patches], env=env)
 
 

@@ -81,18 +81,28 @@ import re
 import shlex
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from . import base as base_mod
-from . import check_manifest, hints, interrupts, journal, patchset, placement, rangediff, seriestest
+from . import (
+    check_manifest,
+    hints,
+    interrupts,
+    journal,
+    patchset,
+    placement,
+    rangediff,
+    seriesdoc,
+    seriestest,
+)
 from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
-from .apply import refuse_unsafe_state
+from .apply import default_checkout, refuse_unsafe_state
+from .audit import UPSTREAM_REPOSITORIES
 from .errors import SeriesError
 from .report import table
 
@@ -116,6 +126,7 @@ PENDING = "pending"
 
 OLD_BRANCH = "series-old"  # the old series on the old base, in the scratch clone
 NEW_REF = "refs/heads/series-new"  # the new series, fetched into the scratch clone
+MANIFEST = manifest_mod.MANIFEST_PATH.name  # beside the patches: replaced with them
 
 
 # --------------------------------------------------------------------------
@@ -156,7 +167,6 @@ class Session:
     checkout: str  # where the new series is applied: scratch or the user's checkout
     branch: str  # the new series' branch in ``checkout``
     patch_dir: str
-    manifest_path: str
     command: str
     old_base: str = ""
     old_tip: str = ""
@@ -176,6 +186,9 @@ class Session:
     # ``--continue`` mean the user ended it by hand.
     am_kept: bool = False
     tests: str = ""
+    # "patch N uses X from dropped patch M": what a later patch still needs.
+    uses_dropped: list[str] = dataclasses.field(default_factory=list)
+    kept_branch: str = ""  # where the rebased series' branch stays: "<checkout>\t<branch>"
 
     @property
     def work_dir(self) -> Path:
@@ -202,7 +215,7 @@ class Session:
         path = state_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
 
     @classmethod
@@ -211,7 +224,7 @@ class Session:
         if not path.exists():
             return None
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_bytes())
             data["patches"] = [PatchStatus(**p) for p in data["patches"]]
             return cls(**data)
         except (json.JSONDecodeError, KeyError, TypeError) as e:
@@ -293,7 +306,7 @@ def recover_swap(patch_dir: Path, log: Log = print) -> None:
         shutil.rmtree(old)
 
 
-def swap_in(staging: Path, patch_dir: Path, manifest_name: str) -> None:
+def swap_in(staging: Path, patch_dir: Path) -> None:
     """Replace ``patch_dir``'s patches and manifest with ``staging``'s.
 
     Files of ``patch_dir`` that are neither ``*.patch`` nor the manifest are
@@ -304,7 +317,7 @@ def swap_in(staging: Path, patch_dir: Path, manifest_name: str) -> None:
         shutil.rmtree(partial)
     partial.mkdir()
     for item in sorted(patch_dir.iterdir()):
-        if item.suffix == ".patch" or item.name == manifest_name:
+        if item.suffix == ".patch" or item.name == MANIFEST:
             continue
         if item.is_dir():
             shutil.copytree(item, partial / item.name, symlinks=True)
@@ -343,12 +356,7 @@ def _slug(text: str) -> str:
 def _upstream_commit_of(repo: Path, commit: str) -> str | None:
     """The abbreviated upstream commit in ``commit``'s ``vllm/_version.py``."""
     proc = g.git(repo, "show", f"{commit}:vllm/_version.py", check=False)
-    if proc.returncode != 0:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "vllm").mkdir()
-        (Path(tmp) / "vllm" / "_version.py").write_text(proc.stdout)
-        return base_mod.read_upstream_commit(Path(tmp))
+    return base_mod.upstream_commit_in(proc.stdout) if proc.returncode == 0 else None
 
 
 def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> int:
@@ -361,7 +369,7 @@ def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> int:
     """
     wanted = set()
     for patch in patches:
-        for m in _INDEX_LINE.finditer(patch.read_text()):
+        for m in _INDEX_LINE.finditer(patch.read_text(encoding="utf-8", errors="replace")):
             wanted.update(m.groups())
     wanted.discard(_NULL_OID)
     copied = 0
@@ -380,16 +388,18 @@ def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> int:
 # Start
 
 
+@interrupts.deferring
 def start(
     to: str,
     vllm: Path | None = None,
     keep_conflict: bool = False,
     skip_tests: bool = False,
     patch_dir: Path = manifest_mod.PATCH_DIR,
-    manifest_path: Path | None = None,
     pip_args: Sequence[str] = (),
     log: Log = print,
     command: str | None = None,
+    *,
+    guard: interrupts.Guard,
 ) -> int:
     """Rebase the series in ``patch_dir`` onto ``to``; see the module doc.
 
@@ -402,30 +412,13 @@ def start(
             ``keep_conflict`` the session stays open), or failing tests;
             ``patch_dir`` is unchanged in every case.
     """
-    with interrupts.deferred() as guard:
-        return _start(to, vllm, keep_conflict, skip_tests, patch_dir, manifest_path, pip_args,
-                      log, command, guard)  # fmt: skip
-
-
-def _start(
-    to: str,
-    vllm: Path | None,
-    keep_conflict: bool,
-    skip_tests: bool,
-    patch_dir: Path,
-    manifest_path: Path | None,
-    pip_args: Sequence[str],
-    log: Log,
-    command: str | None,
-    guard: interrupts.Guard,
-) -> int:
-    patch_dir, manifest_path = _layout(patch_dir, manifest_path, log)
+    patch_dir = _layout(patch_dir, log)
     _clear_stale_session(log)
-    manifest = manifest_mod.load(manifest_path)
+    manifest = manifest_mod.load(patch_dir / MANIFEST)
     found = check_manifest.problems(manifest, patch_dir)
     if found:
         raise SeriesError(
-            f"the series in {patch_dir} disagrees with {manifest_path.name}:\n  "
+            f"the series in {patch_dir} disagrees with {MANIFEST}:\n  "
             + "\n  ".join(found)
             + f"\nfix it (`{hints.make('check-manifest')}`, `{hints.make('export')}`) before"
             " rebasing"
@@ -435,20 +428,34 @@ def _start(
     user: Path | None = None
     new_commit: str | None = None
     if vllm is not None:
-        if not g.is_repo(Path(vllm)):
-            raise SeriesError(f"{hints.no_checkout(Path(vllm))}; pass VLLM=/path/to/vllm")
-        user = g.toplevel(Path(vllm))
+        user = g.checkout_top(Path(vllm))
         candidates = [to] + ([f"v{version}"] if version and not to.startswith("v") else [])
         new_commit = next((c for ref in candidates if (c := g.rev(user, ref))), None)
         if new_commit is None:
+            url = UPSTREAM_REPOSITORIES.get(manifest.base.project)
+            fetch = (
+                f"\n    {hints.git(user, 'fetch', '--no-tags', url, 'tag', f'v{version}')}\n"
+                if version and url
+                else " "
+            )
             raise SeriesError(
                 f"{user} has no commit or tag {to!r}"
                 + (f" (nor v{version})" if version and not to.startswith("v") else "")
-                + "; fetch it into that checkout, or drop VLLM= to rebase onto the"
-                " PyPI sdist of a version"
+                + f"; fetch it into that checkout:{fetch}and run again, or drop VLLM= to"
+                " rebase onto the PyPI sdist of a version"
             )
         kind = "commit"
         slug = _slug(to)
+        if version is None and patch_dir == manifest_mod.PATCH_DIR.resolve():
+            raise SeriesError(
+                f"{to!r} is a commit, which has no PyPI sdist: rebased onto it,"
+                f" {patch_dir} would pin a base that `make venv`, `make base` and"
+                " `make apply` cannot rebuild, so nothing was changed. Rebase onto a"
+                f" release instead (`{hints.make('rebase', TO='<version>')}`, e.g. the"
+                " release the commit is on), or write the rebased series into a copy:\n"
+                f"    cp -r {shlex.quote(str(patch_dir))} /tmp/series-copy &&"
+                f" {hints.make('rebase', TO=to, VLLM=str(user), PATCHES='/tmp/series-copy')}"
+            )
         if new_commit == manifest.base.commit:
             raise SeriesError(
                 f"the series is already based on {to} ({new_commit[:12]}); pass another"
@@ -472,20 +479,16 @@ def _start(
     keep_in_user = keep_conflict and user is not None
     branch = f"{manifest.name}/v{manifest.version}-rebase-onto-{slug}"
     if keep_in_user:
+        guard.held.enter_context(journal.locked(user))
         refuse_unsafe_state(user)
-        if g.rev(user, f"refs/heads/{branch}"):
-            raise SeriesError(
-                f"branch {branch} already exists in {user}; delete it with\n"
-                f"    git -C {shlex.quote(str(user))} branch -D {shlex.quote(branch)}\n"
-                "and run again"
-            )
+        branch = _free_branch(user, branch)
 
     scratch = work / "vllm"
     sess = Session(
         to=to, slug=slug, kind=kind, keep=keep_conflict, skip_tests=skip_tests,
         phase="running", pid=os.getpid(), work=str(work), scratch=str(scratch),
         checkout=str(user if keep_in_user else scratch), branch=branch,
-        patch_dir=str(patch_dir), manifest_path=str(manifest_path),
+        patch_dir=str(patch_dir),
         command=command or _command_line(to, vllm, keep_conflict, skip_tests, patch_dir,
                                          pip_args),
         user_checkout=str(user) if keep_in_user else "", vllm=str(user) if user else "",
@@ -496,8 +499,10 @@ def _start(
         shutil.rmtree(work)
     work.mkdir(parents=True)
     sess.save()
+    log(f"on success this replaces the patches and manifest in {patch_dir} and updates"
+        f" {seriesdoc.DOC_NAME} beside it; until then nothing there changes")  # fmt: skip
     try:
-        _copy_series(patch_dir, manifest_path, sess.old_patch_dir)
+        _copy_series(patch_dir, sess.old_patch_dir)
         _prepare(sess, manifest, user, new_commit, pip_args, log)
         if _apply_remaining(sess, log):
             return _finish(sess, log, guard)
@@ -507,19 +512,22 @@ def _start(
         raise
 
 
-def _layout(patch_dir: Path, manifest_path: Path | None, log: Log) -> tuple[Path, Path]:
-    """Resolved patch folder and manifest, after finishing an interrupted swap."""
+def _free_branch(repo: Path, branch: str) -> str:
+    """``branch``, or ``branch-2``, ``-3``...: the first name ``repo`` has no branch of."""
+    name, n = branch, 1
+    while g.rev(repo, f"refs/heads/{name}"):
+        n += 1
+        name = f"{branch}-{n}"
+    return name
+
+
+def _layout(patch_dir: Path, log: Log) -> Path:
+    """The resolved patch folder, after finishing an interrupted swap."""
     patch_dir = Path(patch_dir).resolve()
-    manifest_path = Path(manifest_path).resolve() if manifest_path else patch_dir / "series.json"
-    if manifest_path.parent != patch_dir:
-        raise SeriesError(
-            f"rebase replaces the patch folder and its manifest together, but"
-            f" {manifest_path} is not in {patch_dir}; keep the manifest in the patch folder"
-        )
     recover_swap(patch_dir, log)
     if not patch_dir.is_dir():
         raise SeriesError(f"patch folder {patch_dir} does not exist")
-    return patch_dir, manifest_path
+    return patch_dir
 
 
 def _command_line(
@@ -538,16 +546,15 @@ def _command_line(
     return shlex.join(parts)
 
 
-def _copy_series(patch_dir: Path, manifest_path: Path, dest: Path) -> None:
+def _copy_series(patch_dir: Path, dest: Path) -> None:
     """The rebase's input, frozen: later steps never read ``patch_dir`` again."""
     dest.mkdir(parents=True)
-    for item in sorted(patch_dir.glob("*.patch")):
+    for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
         shutil.copyfile(item, dest / item.name)
-    shutil.copyfile(manifest_path, dest / manifest_path.name)
 
 
 def _old_manifest(sess: Session) -> manifest_mod.Manifest:
-    return manifest_mod.load(sess.old_patch_dir / Path(sess.manifest_path).name)
+    return manifest_mod.load(sess.old_patch_dir / MANIFEST)
 
 
 def _prepare(
@@ -576,8 +583,6 @@ def _prepare(
     else:
         assert user is not None and new_commit is not None
         g.git(user.parent, "clone", "-q", "--shared", "--no-checkout", str(user), str(scratch))
-        g.git(scratch, "config", "user.name", "vLLM loader series")
-        g.git(scratch, "config", "user.email", "series@localhost")
         g.git(scratch, "checkout", "-q", "--detach", new_commit)
         # check_prefixes-style consumers clone the ``base`` branch.
         g.git(scratch, "branch", "-f", base_mod.BASE_BRANCH, new_commit)
@@ -815,16 +820,26 @@ def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
     ``git am --3way``.
     """
     lines = [f"patch: {patch_file}"]
+    conflicted = {path for _code, path in patchset.unmerged_paths(checkout)}
     lines += patchset.conflict_lines(checkout, ours="the new base") or [
         "no file was merged with conflict markers: the patch could not be"
         " applied even with a 3-way merge"
     ]
     seen = set()
     for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
+        # git's "patch failed: FILE" of a file the 3-way merge then merged
+        # cleanly is no conflict: only files left unmerged are named.
+        named = _PATCH_FAILED.match(line.strip())
+        if named and conflicted and (named[1] or named[2]) not in conflicted:
+            continue
         if line.strip() not in seen:
             seen.add(line.strip())
             lines.append(f"git: {line.strip()}")
     return "\n".join(lines)
+
+
+# git's lines naming a file a hunk of the patch did not apply to.
+_PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does not apply)$")
 
 
 def _stopped(sess: Session, log: Log) -> NoReturn:
@@ -873,16 +888,17 @@ def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
 
 
+@interrupts.shielded()
 def _on_error(sess: Session, log: Log) -> None:
     """Undo what a failed start did, unless it stopped for manual resolution."""
-    with interrupts.shielded():
-        current = Session.load()
-        kept = current is not None and current.keep and current.phase in ("conflict", "applied")
-        if kept and interrupts.pending() is None:
-            return  # kept on purpose for --continue / --abort
-        _discard(sess, log)
+    current = Session.load()
+    kept = current is not None and current.keep and current.phase in ("conflict", "applied")
+    if kept and interrupts.pending() is None:
+        return  # kept on purpose for --continue / --abort
+    _discard(sess, log)
 
 
+@interrupts.shielded()
 def _discard(sess: Session, log: Log, force_command: str | None = None) -> None:
     """Abort any am, restore the user's checkout, remove scratch work and state.
 
@@ -891,11 +907,6 @@ def _discard(sess: Session, log: Log, force_command: str | None = None) -> None:
     ``force_command``: first refuse, changing nothing, when the checkout
     changed in ways the rebase could not have made (the command forces it).
     """
-    with interrupts.shielded():
-        _discard_now(sess, log, force_command)
-
-
-def _discard_now(sess: Session, log: Log, force_command: str | None) -> None:
     if sess.uses_user_checkout:
         checkout = Path(sess.user_checkout)
         tx = journal.Transaction.load(checkout) if checkout.exists() else None
@@ -962,7 +973,10 @@ def _clear_stale_session(log: Log) -> None:
 # Continue and abort
 
 
-def resume(log: Log = print, force: bool = False, skip_tests: bool = False) -> int:
+@interrupts.deferring
+def resume(
+    log: Log = print, force: bool = False, skip_tests: bool = False, *, guard: interrupts.Guard
+) -> int:
     """``--continue``: finish the stopped patch, apply the rest, then succeed.
 
     ``skip_tests``: skip the series' tests from now on.  ``force``: put the
@@ -975,11 +989,6 @@ def resume(log: Log = print, force: bool = False, skip_tests: bool = False) -> i
             ``force``) the checkout changed in ways the rebase could not have
             made, which putting it back would undo.
     """
-    with interrupts.deferred() as guard:
-        return _resume(log, guard, force, skip_tests)
-
-
-def _resume(log: Log, guard: interrupts.Guard, force: bool, skip_tests: bool) -> int:
     sess = Session.load()
     if sess is None:
         raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
@@ -1033,8 +1042,7 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
                 f" ({checkout}); finish resolving, `git add` and run"
                 f" `{hints.make('rebase', CONTINUE='1')}` again"
             )
-        proc = g.git(checkout, "-c", "core.hooksPath=/dev/null", "am", "--continue",
-                     check=False)  # fmt: skip
+        proc = g.git(checkout, "am", "--continue", check=False, env=g.user_identity(checkout))
         if proc.returncode != 0:
             staged = g.git(checkout, "diff", "--cached", "--quiet", check=False).returncode
             if staged == 0 and "No changes" in proc.stdout + proc.stderr:
@@ -1071,7 +1079,8 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
     log(f"{entry.file}: {entry.status} ({entry.how})")
 
 
-def abort(log: Log = print, force: bool = False) -> int:
+@interrupts.deferring
+def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> int:
     """``--abort``: abort the am session, restore the checkout, remove the state.
 
     Raises:
@@ -1079,11 +1088,6 @@ def abort(log: Log = print, force: bool = False) -> int:
             ``force``) the checkout changed in ways the rebase could not have
             made, which restoring it would undo (``journal``).
     """
-    with interrupts.deferred():
-        return _abort(log, force)
-
-
-def _abort(log: Log, force: bool) -> int:
     sess = Session.load()
     if sess is None:
         raise SeriesError("no rebase is in progress: nothing to abort")
@@ -1153,8 +1157,7 @@ def _finish(
     for entry, f in zip(applied, files, strict=True):
         entry.new_file = f.name
     manifest = _new_manifest(sess, files, log)
-    manifest_name = Path(sess.manifest_path).name
-    manifest.save(sess.staging / manifest_name)
+    manifest.save(sess.staging / MANIFEST)
     found = check_manifest.problems(manifest, sess.staging)
     if found:
         raise SeriesError(
@@ -1162,6 +1165,9 @@ def _finish(
         )
     range_diff = rangediff.range_diff(scratch, sess.old_base, sess.old_tip, sess.new_base,
                                       new_tip)  # fmt: skip
+    sess.uses_dropped = _uses_of_dropped(sess, scratch, new_tip)
+    for line in sess.uses_dropped:
+        log(f"warning: {line}")
     sess.save()
 
     if sess.skip_tests:
@@ -1172,14 +1178,10 @@ def _finish(
         ok, sess.tests = _run_tests(sess, manifest, log)
     if not ok:
         sess.save()
+        _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written", log,
+                      range_diff)  # fmt: skip
         if not sess.keep:
-            _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written",
-                          log, range_diff)  # fmt: skip
             _discard(sess, log)
-        else:
-            _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written",
-                          log, range_diff)  # fmt: skip
-            sess.save()
         steps = [
             line[len(seriestest.FAILED_STEP) :]
             for line in sess.tests.splitlines()
@@ -1211,20 +1213,87 @@ def _finish(
         )
         + f", base {manifest.base.project} {manifest.base.version}"
     )
-    _write_report(sess, "SUCCESS", outcome, log, range_diff, quiet=True)
+    result = "SUCCESS" + (", but later patches use dropped ones (below)" if sess.uses_dropped
+                          else "")  # fmt: skip
+    _write_report(sess, result, outcome, log, range_diff, quiet=True)
     interrupts.check()  # the last moment a signal undoes the rebase
     sess.phase = "swapping"
     sess.save()
     with interrupts.shielded():
-        swap_in(sess.staging, patch_dir, manifest_name)
+        swap_in(sess.staging, patch_dir)
+        seriesdoc.sync(manifest, patch_dir, log)
+        if sess.uses_user_checkout:
+            log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
+                " holds the rebased series")  # fmt: skip
+            sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
+        elif sess.kind == "version":  # a VLLM= checkout is only read
+            _keep_branch(sess, manifest, log)
     guard.completed()
-    _write_report(sess, "SUCCESS", outcome, log, range_diff)
-    if sess.uses_user_checkout:
-        log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
-            " holds the rebased series")  # fmt: skip
-        sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
+    _write_report(sess, result, outcome, log, range_diff)
     _discard(sess, log)
     return 0
+
+
+def _keep_branch(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> None:
+    """Keep the rebased series as the branch ``apply`` would make for it, in
+    the default checkout (made from the new base if absent).
+
+    Only a ref (and the objects it needs) is added; nothing else of the
+    checkout changes: ``make apply`` there then names the one command that
+    switches to it.  A failure is a note: ``patches/`` holds the result.
+    """
+    checkout = default_checkout()
+    new_repo = base_mod.base_repo_path(manifest.base.project, manifest.base.version)
+    try:
+        fresh = not checkout.exists()
+        if fresh:
+            base_mod.clone(new_repo, checkout)
+        else:  # borrow the new base's objects: nothing copied
+            g.checkout_top(checkout)  # a folder in this repository is no checkout of its own
+            scratch_mod.add_alternate(checkout, new_repo)
+        branch = _free_branch(checkout, manifest.branch_name)
+        g.git(checkout, "fetch", "-q", "--no-tags", "--no-write-fetch-head", sess.scratch,
+              f"{NEW_REF}:refs/heads/{branch}")  # fmt: skip
+        if fresh:
+            g.git(checkout, "checkout", "-q", branch)
+    except SeriesError as e:
+        log(f"note: the rebased branch could not be kept in {checkout} ({e});"
+            f" {sess.patch_dir} holds the rebased series")  # fmt: skip
+        return
+    sess.kept_branch = f"{checkout}\t{branch}"
+    where = "" if fresh else f"; to use it there:\n    {hints.git(checkout, 'checkout', branch)}"
+    log(f"branch {branch} in {checkout} holds the rebased series{where}")
+
+
+# A name a patch defines: a function, a class, or a module-level assignment.
+_DEFINED = re.compile(r"^\+\s*(?:def|class)\s+(\w+)|^\+([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.M)
+
+
+def _uses_of_dropped(sess: Session, scratch: Path, new_tip: str) -> list[str]:
+    """ "patch N uses X from dropped patch M": a name a patch dropped by hand
+    (skipped, or resolved to no change) defined, used in a later patch's added
+    lines, and defined nowhere at the rebased tip."""
+    found = []
+    for i, gone in enumerate(sess.patches):
+        if gone.status not in (DROPPED_RESOLVED, DROPPED_SKIPPED):
+            continue
+        text = (sess.old_patch_dir / gone.file).read_text(encoding="utf-8", errors="replace")
+        names = {a or b for a, b in _DEFINED.findall(text)}
+        for later in sess.patches[i + 1 :]:
+            if later.status != APPLIED or not later.new_file:
+                continue
+            added = "\n".join(
+                line for line in (sess.staging / later.new_file).read_text(
+                    encoding="utf-8", errors="replace").splitlines()
+                if line.startswith("+") and not line.startswith("+++")
+            )  # fmt: skip
+            for name in sorted(n for n in names if re.search(rf"\b{re.escape(n)}\b", added)):
+                pattern = rf"^\s*(def|class)\s+{name}\b|^{name}\s*(:[^=]*)?="
+                if g.git(scratch, "grep", "-q", "-E", "-e", pattern, new_tip, "--", "*.py",
+                         check=False).returncode != 0:  # fmt: skip
+                    found.append(f"patch {later.new_file[:4]} uses {name} from dropped"
+                                 f" patch {gone.file[:4]}")  # fmt: skip
+    return found
 
 
 def _new_manifest(sess: Session, files: list[Path], log: Log) -> manifest_mod.Manifest:
@@ -1351,11 +1420,18 @@ def _write_report(
             f" {sess.new_base[:12]}..{sess.new_tip[:12]}`",
             "", "```", range_diff or "(empty: both series are empty)", "```",
         ]  # fmt: skip
+    if sess.uses_dropped:
+        out += ["", "## Uses of dropped patches", "", "Later patches use what a dropped patch"
+                " added; they will fail to load until it is restored or they are changed:", "",
+                *(f"- {line}" for line in sess.uses_dropped)]  # fmt: skip
+    if sess.kept_branch:
+        where, branch = sess.kept_branch.split("\t")
+        out += ["", f"The rebased series is branch `{branch}` in `{where}`."]
     if sess.tests:
         out += ["", "## Tests", "", sess.tests]
     text = "\n".join(out) + "\n"
     sess.report_path.parent.mkdir(parents=True, exist_ok=True)
-    sess.report_path.write_text(text)
+    sess.report_path.write_text(text, encoding="utf-8", errors="surrogateescape")
     if not quiet:
         log(text)
         log(f"report written to {sess.report_path}")
@@ -1377,11 +1453,8 @@ def run(args: argparse.Namespace) -> int:
     if args.abort:
         return abort(force=args.force)
     patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_mod.PATCH_DIR
-    manifest_path = Path(args.manifest) if args.manifest else None
-    return start(
-        args.to, Path(args.vllm) if args.vllm else None, args.keep_conflict,
-        args.skip_tests, patch_dir, manifest_path, args.pip_arg,
-    )  # fmt: skip
+    return start(args.to, Path(args.vllm) if args.vllm else None, args.keep_conflict,
+                 args.skip_tests, patch_dir, args.pip_arg)  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -1423,7 +1496,6 @@ def register(subparsers) -> None:
     )
     # The old spelling, kept working but not advertised.
     p.add_argument("--patch-dir", dest="patches_dir", help=argparse.SUPPRESS)
-    p.add_argument("--manifest", help="its manifest (default: <patches-dir>/series.json)")
     p.add_argument(
         "--pip-arg",
         action="append",

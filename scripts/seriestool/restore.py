@@ -34,15 +34,15 @@ def restore(repo: Path, force: bool = False, log=print) -> int:
     """
     if not g.is_repo(repo):
         raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name the checkout to restore")
+    with journal.locked(repo):  # the command that is changing it, if any, restores it itself
+        return _restore(repo, force, log)
+
+
+def _restore(repo: Path, force: bool, log) -> int:
     tx = journal.Transaction.load(repo)
     if tx is None:
         log(f"nothing to restore in {repo}: no interrupted change is recorded there")
         return 0
-    if journal.pid_alive(tx.journal.pid):
-        raise SeriesError(
-            f"the {tx.journal.op} that is changing {tx.repo} still runs (pid {tx.journal.pid});"
-            " wait for it, or stop it (it then restores the checkout itself)"
-        )
     if tx.journal.op == "rebase" and rebase.state_path().exists():
         raise SeriesError(
             f"{tx.repo} is in a rebase session that keeps a conflict; end it with\n"

@@ -28,17 +28,18 @@ from . import git as g
 from . import hints, patchset, placement
 from .errors import SeriesError
 
-# Identity of commits made in scratch repositories (apply passes the user's).
-IDENTITY = {"user.name": "vLLM loader series", "user.email": "series@localhost"}
-
 # The committer of commits whose ids a report quotes: with a fixed name and
 # date (the environment's identity otherwise wins), the commits ``git am``
 # makes depend only on the patches and the base.
 REPRODUCIBLE_COMMITTER = {
-    "GIT_COMMITTER_NAME": IDENTITY["user.name"],
-    "GIT_COMMITTER_EMAIL": IDENTITY["user.email"],
+    "GIT_COMMITTER_NAME": g.FALLBACK_NAME,
+    "GIT_COMMITTER_EMAIL": g.FALLBACK_EMAIL,
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
 }
+
+
+# Files of paths git reads as bytes: written as ``git.encode`` writes them.
+_PATHS = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 
 def _borrow_objects(scratch_git_dir: Path, repo: Path) -> None:
@@ -49,14 +50,14 @@ def _borrow_objects(scratch_git_dir: Path, repo: Path) -> None:
     _add_lines(info / "alternates", [str(source / "objects")])
     shallow = source / "shallow"
     if shallow.exists():  # a shallow clone's history ends there; so must ours
-        _add_lines(scratch_git_dir / "shallow", shallow.read_text().split())
+        _add_lines(scratch_git_dir / "shallow", shallow.read_text(encoding="ascii").split())
 
 
 def _add_lines(path: Path, lines: Sequence[str]) -> None:
-    known = path.read_text().splitlines() if path.exists() else []
+    known = path.read_text(**_PATHS).splitlines() if path.exists() else []
     new = [line for line in lines if line not in known]
     if new:
-        path.write_text("".join(f"{line}\n" for line in [*known, *new]))
+        path.write_text("".join(f"{line}\n" for line in [*known, *new]), **_PATHS)
 
 
 def add_alternate(scratch: Path, repo: Path) -> None:
@@ -79,13 +80,11 @@ def make_checkout(repo: Path, dest: Path, start: str, paths: Sequence[str]) -> P
     g.git(dest.parent, "init", "-q", "--template=", str(dest))
     gdir = dest / ".git"
     _borrow_objects(gdir, repo)
-    for key, value in IDENTITY.items():
-        g.git(dest, "config", key, value)
     g.git(dest, "config", "core.sparseCheckout", "true")
     g.git(dest, "config", "core.sparseCheckoutCone", "false")
     (gdir / "info").mkdir(exist_ok=True)
     (gdir / "info" / "sparse-checkout").write_text(
-        "".join(f"{sparse_pattern(p)}\n" for p in paths) or "!/*\n"
+        "".join(f"{sparse_pattern(p)}\n" for p in paths) or "!/*\n", **_PATHS
     )
     g.git(dest, "checkout", "-q", "--detach", start)
     return dest

@@ -60,7 +60,7 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
 def remove(repo: Path, delete_branch: bool = False, log=print) -> int:
     """Switch ``repo`` from its series branch back to where apply started it; a
     refusal (SeriesError) or a signal (Interrupted) leaves it unchanged."""
-    with apply.interrupts.deferred() as guard:
+    with apply.interrupts.deferred() as guard, journal.locked(Path(repo)):
         repo, branch, head = _open(repo)
         apply.refuse_unsafe_state(repo)
         base = _recorded(repo, branch, apply.SERIES_BASE_KEY)

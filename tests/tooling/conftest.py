@@ -295,3 +295,34 @@ def make_work_dir(tmp_path):
         (work / name).symlink_to(real / name)
     (work / "vllm").mkdir()
     return work
+
+
+# The user's identity, only in a global config file (tests of who commits).
+USER = ("Global User", "global.user@example.com")
+
+
+@pytest.fixture
+def global_identity(tmp_path, monkeypatch):
+    """The user's identity only in a global config file (and none in the repository)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = home / ".gitconfig"
+    config.write_text(f"[user]\n\tname = {USER[0]}\n\temail = {USER[1]}\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    for key in ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL"):
+        monkeypatch.delenv(key, raising=False)
+    return config
+
+
+def user_git(path, *args: str) -> str:
+    """git as the user runs it: their global config, no test identity."""
+    proc = subprocess.run([GIT, "-C", str(path), *args], capture_output=True, text=True,
+                          env=dict(os.environ), check=True)  # fmt: skip
+    return proc.stdout.strip()
+
+
+def local_identity(path) -> str:
+    proc = subprocess.run([GIT, "-C", str(path), "config", "--local", "--get-regexp", "^user\\."],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    return proc.stdout

@@ -691,7 +691,9 @@ def test_tampered_patch_file_is_refused_not_audited(series, capsys, monkeypatch)
     assert rc == 2
     assert f"{FILES[2]}: stable patch ID" in err
     assert "disagrees with" in err and str(series.manifest) in err
-    assert " check-manifest`" in err and " export`" in err
+    # The commands name the audited series' own folder, not the project's patches/.
+    patches = f"PATCHES={series.manifest.parent}"
+    assert f" check-manifest {patches}`" in err and f" export {patches}`" in err
 
 
 def _no_audit(*args, **kwargs):

@@ -319,3 +319,57 @@ def test_rebase_keeping_a_conflict_killed_at_every_write_is_restored_by_one_comm
                     tmp_path / "work")  # fmt: skip
     checked = _kill_every_step(target, fake_git, _mutating)
     assert checked >= 3
+
+
+# --------------------------------------------------------------------------
+# Read-only commands: check and compare stop with the usual line and leave no
+# scratch folder behind.
+
+
+def _read_only_signalled(argv: list[str], fake_git, tmp_path: Path) -> int:
+    """Run ``argv`` (a seriestool command) with SIGTERM at every git call; each
+    run must end with exit 143 and one line, and leave its temporary folder empty."""
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    env = dict(PYTHONPATH=str(ROOT / "scripts"), TMPDIR=str(tmp))
+    cmd = [sys.executable, "-m", "seriestool", *argv]
+    fake_git.reset()
+    done = subprocess.run(cmd, env={**fake_git.env(), **env}, capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    calls = len(fake_git.calls())
+    for point in range(1, calls + 1, max(1, calls // 8)):
+        fake_git.reset()
+        proc = subprocess.Popen(cmd, env={**fake_git.env(pause_at=point), **env}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)  # fmt: skip
+        assert _wait(fake_git.paused, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        fake_git.go()
+        _out, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 128 + signal.SIGTERM, (point, err)
+        assert err.strip() == "error: interrupted by SIGTERM", (point, err)
+        assert list(tmp.iterdir()) == [], point
+    return calls
+
+
+def test_check_interrupted_prints_one_line_and_leaves_no_scratch(toy_series, tmp_path, fake_git):
+    repo, manifest, patch_dir = toy_series
+    repo.git("checkout", "-q", "-b", "cons", manifest.base.commit)
+    repo.git("am", "-q", "--keep-non-patch", *sorted(str(p) for p in patch_dir.glob("*.patch")))
+    repo.commit("fork: a change of its own", {"pkg/loader.py": "def load(x):\n    return 2\n"})
+    argv = ["check", "--vllm", str(repo.path), "--consolidated", "cons", "--base",
+            manifest.base.commit, "--patches-dir", str(patch_dir)]  # fmt: skip
+    assert _read_only_signalled(argv, fake_git, tmp_path) > 5
+
+
+def test_compare_interrupted_prints_one_line_and_leaves_no_scratch(
+    make_repo, tmp_path, fake_git, monkeypatch
+):
+    from test_compare import BASE_FILES, V1, Project
+
+    project = Project(make_repo("vllm", BASE_FILES), make_repo("project", {"README.md": "s\n"}))
+    project.commit(V1, "1", "Series v1")
+    project.write(V1[:2], "2")
+    argv = ["compare", "--repo", str(project.project.path), "--vllm", str(project.upstream.path),
+            "--from", "1"]  # fmt: skip
+    assert _read_only_signalled(argv, fake_git, tmp_path) > 5

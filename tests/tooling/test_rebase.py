@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Repo, snapshot, write_sdist
+from conftest import ROOT, USER, Repo, local_identity, snapshot, user_git, write_sdist
 from seriestool import base as base_mod
 from seriestool import check_manifest, patchset, rangediff, seriestest
 from seriestool import export as export_mod
@@ -1042,3 +1042,233 @@ def test_rebase_leaving_no_patch_is_refused(series, work_dir):
     assert _contents(patch_dir) == patches_before
     assert snapshot(repo) == before
     _no_session(work_dir)
+
+
+def test_keep_conflict_works_with_the_identity_only_in_global_config(
+    series, work_dir, global_identity
+):
+    repo, patch_dir = series
+    repo.git("config", "--unset", "user.name")
+    repo.git("config", "--unset", "user.email")
+    _conflict_base(repo)
+
+    with pytest.raises(SeriesError, match="left in progress"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    resolved = _edit(_edit(LOADER, 10, "line_10 = 'X'"), 11, "line_11 = 11  # resolved")
+    repo.write({"pkg/loader.py": resolved})
+    repo.git("add", "pkg/loader.py")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+
+    branch = "toy/v1-rebase-onto-conflict"
+    assert user_git(repo.path, "log", "-3", "--format=%cn", branch).split("\n") == [USER[0]] * 3
+    assert local_identity(repo.path) == ""
+
+
+# --------------------------------------------------------------------------
+# After a successful rebase the repository is consistent
+
+
+def _series_doc(patch_dir: Path) -> Path:
+    """A SERIES.md beside ``patch_dir`` stating what its manifest records."""
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    b = manifest.base
+    order = [f"| {p.file[:4]} | `{p.subject}` | concern of {p.subject[-12:]} |"
+             for p in manifest.patches]  # fmt: skip
+    ids = [f"| {p.file[:4]} | `{p.patch_id}` |" for p in manifest.patches]
+    doc = patch_dir.parent / "SERIES.md"
+    doc.write_text("\n".join([
+        "# Toy", "", "## Base", "", "| | |", "|---|---|", f"| project | toy v{b.version} |",
+        f"| upstream commit | `{b.upstream_commit}` (abbreviated) |",
+        f"| source of the tree | PyPI sdist `{b.sdist.filename}`, sha256 `{b.sdist.sha256}` |",
+        f"| materialised base commit | `{b.commit}` (fixed) |", "", "Prose about v1.0 stays.",
+        "", "## Order and why", "", "| # | patch | concern |", "|---|---|---|", *order, "",
+        "## Stable patch IDs", "", "| patch | stable patch ID |", "|---|---|", *ids, "",
+    ]))  # fmt: skip
+    assert check_manifest.doc_problems(manifest, doc) == []
+    return doc
+
+
+def test_rebase_rewrites_what_series_md_derives_from_the_manifest(series, work_dir):
+    repo, patch_dir = series
+    doc = _series_doc(patch_dir)
+    new_base = _upstream(repo, "absorbed", {"pkg/other.py": "VALUE = 2\n\n\n\n\nOTHER = 2\n"})
+
+    rc, output = _rebase(repo, "absorbed", patch_dir)
+
+    assert rc == 0 and "on success this replaces the patches and manifest" in output
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert check_manifest.doc_problems(manifest, doc) == []
+    text = doc.read_text()
+    assert "| 0002 | `[Loader] third change` | concern of third change |" in text
+    assert f"materialised base commit | `{new_base}` (fixed)" in text
+    assert "Prose about v1.0 stays." in text
+    assert main(["check-manifest", "--manifest", str(patch_dir / "series.json")]) == 0
+
+
+def test_sdist_rebase_keeps_the_branch_where_make_apply_finds_it(sdist_series, work_dir):
+    """Without VLLM=, the rebased branch stays in the default checkout under the
+    name `apply` gives it: made from the new base when there is none, else
+    added beside the old checkout, whose switch command is printed."""
+    from seriestool import apply as apply_mod
+
+    patch_dir, pip_args, _index = sdist_series
+    lines: list[str] = []
+    assert rebase_mod.start("2.0", None, skip_tests=True, patch_dir=patch_dir, pip_args=pip_args,
+                            log=lines.append) == 0  # fmt: skip
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    checkout = Repo(work_dir / "vllm")
+    assert checkout.git("symbolic-ref", "--short", "HEAD") == manifest.branch_name
+    assert f"branch {manifest.branch_name} in {checkout.path}" in "\n".join(lines)
+    lines.clear()
+    assert apply_mod.apply_series(checkout.path, manifest, patch_dir, log=lines.append) == 0
+    assert "series already applied" in "\n".join(lines)
+
+    # Back to 3.0 from 2.0's checkout, resolved by hand: the old checkout keeps
+    # its HEAD and gets the branch, and the printed command switches to it.
+    with pytest.raises(SeriesError):
+        rebase_mod.start("3.0", None, keep_conflict=True, skip_tests=True,
+                         patch_dir=patch_dir, pip_args=pip_args, log=lambda *_: None)  # fmt: skip
+    scratch = Repo(work_dir / "rebase" / "3.0" / "vllm")
+    scratch.write({"pkg/loader.py": _edit(LOADER, 10, "line_10 = 'X'  # series")})
+    scratch.git("add", "pkg/loader.py")
+    head = checkout.head()
+    lines.clear()
+    assert rebase_mod.resume(log=lines.append) == 0
+    assert checkout.head() == head
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    output = "\n".join(lines).splitlines()
+    switch = next(ln.strip() for ln in output if ln.strip().startswith("git -C"))
+    # make apply on the old checkout names the same one command, not a rebase.
+    with pytest.raises(SeriesError) as err:
+        apply_mod.apply_series(checkout.path, manifest, patch_dir, log=lambda *_: None)
+    assert switch in str(err.value) and " rebase TO=" not in str(err.value)
+    subprocess.run(switch, shell=True, check=True)
+    lines.clear()
+    assert apply_mod.apply_series(checkout.path, manifest, patch_dir, log=lines.append) == 0
+    assert "series already applied" in "\n".join(lines)
+
+
+def _one_off_series(make_repo, tmp_path, files: dict[str, str], patches) -> tuple[Repo, Path]:
+    """Upstream on ``main`` with ``files``, and a series of ``patches``
+    (``(message, files)`` each) exported beside it."""
+    repo = make_repo("upstream", files)
+    base = repo.head()
+    repo.git("checkout", "-q", "-b", "work")
+    for message, changed in patches:
+        repo.commit(message, changed)
+    patch_dir = tmp_path / "patches"
+    manifest = manifest_mod.Manifest(
+        name="toy", version="1", patches=[], regression_tests=manifest_mod.RegressionTests(),
+        base=manifest_mod.Base("toy", "1.0", base[:9], manifest_mod.Sdist("", ""), base, {}),
+    )  # fmt: skip
+    export_mod.export_series(
+        repo.path, manifest, "work", base, patch_dir=patch_dir,
+        manifest_path=patch_dir / "series.json", log=lambda *_: None,
+    )  # fmt: skip
+    repo.git("checkout", "-q", "main")
+    return repo, patch_dir
+
+
+def test_a_later_patch_using_what_a_skipped_patch_added_is_reported(make_repo, tmp_path, work_dir):
+    repo, patch_dir = _one_off_series(make_repo, tmp_path, {"pkg/a.py": LOADER}, [
+        ("[Loader] add a marker", {"pkg/a.py": LOADER + "MARKER_ATTR = '_marked'\n"}),
+        ("[Loader] other work", {"pkg/b.py": "VALUE = 1\n"}),
+        ("[Loader] use the marker", {"pkg/b.py": "from pkg.a import MARKER_ATTR\nVALUE = 1\n"}),
+    ])  # fmt: skip
+    _upstream(repo, "moved", {"pkg/a.py": LOADER + "OTHER = 1\n"})
+    with pytest.raises(SeriesError):
+        _rebase(repo, "moved", patch_dir, keep_conflict=True)
+    repo.git("am", "--skip")
+    lines: list[str] = []
+    assert rebase_mod.resume(log=lines.append) == 0  # tests skipped, as with NOTEST=1
+    output = "\n".join(lines)
+    assert "patch 0002 uses MARKER_ATTR from dropped patch 0001" in output
+    assert "later patches use dropped ones" in output
+
+
+def test_conflict_report_names_only_files_that_conflict(make_repo, tmp_path, work_dir):
+    """A file whose hunk git apply rejects but the 3-way merge merges cleanly
+    is not listed as needing resolution."""
+    repo, patch_dir = _one_off_series(make_repo, tmp_path, {"a.py": LOADER, "b.py": LOADER}, [
+        ("[Loader] both", {"a.py": _edit(LOADER, 10, "line_10 = 'a'"),
+                           "b.py": _edit(LOADER, 10, "line_10 = 'b'")}),
+    ])  # fmt: skip
+    _upstream(repo, "drift", {"a.py": _edit(LOADER, 8, "line_08 = 'moved'"),
+                              "b.py": _edit(LOADER, 10, "line_10 = 'X'")})  # fmt: skip
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "drift", patch_dir)
+    message = str(err.value)
+    assert "conflict: b.py" in message and "patch failed: b.py" in message
+    assert "a.py" not in message.replace("0001", "")
+
+
+def test_commit_without_sdist_is_refused_for_the_project_patches(series, work_dir, monkeypatch):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    monkeypatch.setattr(manifest_mod, "PATCH_DIR", patch_dir)
+    before, patches_before = snapshot(repo), _contents(patch_dir)
+    with pytest.raises(SeriesError, match="(?s)has no PyPI sdist.*nothing was changed.*PATCHES="):
+        _rebase(repo, "conflict", patch_dir)
+    assert snapshot(repo) == before and _contents(patch_dir) == patches_before
+    assert not (work_dir / "rebase").exists()
+
+
+def test_version_missing_in_vllm_prints_the_fetch_command(series, tmp_path, monkeypatch):
+    repo, patch_dir = series
+    upstream = Repo(tmp_path / "published")
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo.path), str(upstream.path)], check=True)
+    new_base = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'x'")})
+    subprocess.run(["git", "-C", str(repo.path), "push", "-q", str(upstream.path),
+                    f"{new_base}:refs/tags/v2.0"], check=True)  # fmt: skip
+    repo.git("branch", "-D", "drift")
+    monkeypatch.setitem(rebase_mod.UPSTREAM_REPOSITORIES, "toy", str(upstream.path))
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "2.0", patch_dir)
+    fetch = next(ln.strip() for ln in str(err.value).splitlines() if "git -C" in ln)
+    subprocess.run(fetch, shell=True, check=True, capture_output=True)
+    assert _rebase(repo, "2.0", patch_dir)[0] == 0
+
+
+def test_keep_conflict_with_the_branch_already_there_takes_a_free_name(series, work_dir):
+    repo, patch_dir = series
+    _conflict_base(repo)
+    repo.git("branch", "toy/v1-rebase-onto-conflict", "main")
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    assert "branch -D" not in str(err.value)
+    assert repo.git("symbolic-ref", "--short", "HEAD") == "toy/v1-rebase-onto-conflict-2"
+    assert rebase_mod.abort(log=lambda *_: None) == 0
+    assert repo.git("rev-parse", "toy/v1-rebase-onto-conflict") == repo.git("rev-parse", "main")
+
+
+def test_vllm_inside_a_bigger_repository_is_refused(make_repo, series, work_dir):
+    _repo, patch_dir = series
+    mono = make_repo("mono", {"vendor/vllm/pkg/loader.py": LOADER, "app.py": "APP = 1\n"})
+    vendored = mono.path / "vendor" / "vllm"
+    with pytest.raises(SeriesError, match=f"inside the git repository {mono.path}"):
+        rebase_mod.start("1.0", vendored, patch_dir=patch_dir, log=lambda *_: None)
+    # apply's refusal would otherwise print `git -C <mono> checkout <base>`: the whole monorepo.
+    from seriestool import apply as apply_mod
+
+    before = snapshot(mono)
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    with pytest.raises(SeriesError, match=f"inside the git repository {mono.path}") as err:
+        apply_mod.apply_series(vendored, manifest, patch_dir, log=lambda *_: None)
+    assert "git -C" not in str(err.value)
+    assert snapshot(mono) == before
+    assert main(["export", "--vllm", str(vendored), "--patches-dir", str(patch_dir)]) == 1
+
+
+def test_kept_branch_never_lands_in_an_enclosing_repository(sdist_series, work_dir):
+    """A plain folder where the default checkout belongs (inside a repository,
+    as work/ is inside this project) is no checkout: nothing is written there."""
+    patch_dir, pip_args, _index = sdist_series
+    outer = Repo(work_dir)
+    outer.git("init", "-q")
+    (work_dir / "vllm").mkdir()
+    lines: list[str] = []
+    assert rebase_mod.start("2.0", None, skip_tests=True, patch_dir=patch_dir, pip_args=pip_args,
+                            log=lines.append) == 0  # fmt: skip
+    assert "could not be kept" in "\n".join(lines)
+    assert outer.git("for-each-ref") == ""
+    assert not (work_dir / ".git" / "objects" / "info" / "alternates").exists()

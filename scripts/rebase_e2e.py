@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""End-to-end rebase onto a real release, with a scripted hand resolution.
+
+``make test-rebase-e2e [TO=0.32.0]`` runs, in a clone of this repository's
+committed state (the repository itself, its ``patches/`` and ``SERIES.md``,
+is only read), what a fork maintainer would type:
+
+1. ``make rebase TO=<release> KEEP=1 NOTEST=1``: the release's PyPI sdist
+   becomes the new base (pip fetches it once; it is cached in ``work/``);
+2. at each conflict, every unmerged file is resolved: from the hand
+   resolution recorded for it, ``qualification/rebase/resolutions-<to>/
+   <patch file>/<path>`` (the file as resolved), if there is one; else
+   generically, keeping upstream's changes and taking the patch's own
+   version of each region where both changed (``git merge-file --theirs`` of
+   the three stages; a file only one side kept is taken from that side);
+   then ``git add`` and ``make rebase CONTINUE=1``, until the rebase succeeds;
+3. ``make check-manifest``, ``make apply`` (the branch the rebase kept in
+   ``work/vllm``) and a fresh ``make apply`` from the new base;
+4. one prefix test: the whole series' own tests on the new base
+   (``seriestool test-series --full-only``).
+
+The generic resolution works as long as taking the patch's side of each
+conflicting region gives code that runs on the new base, which step 4
+checks; where it does not (a conflicting region that uses code only the old
+base has), the hand resolution of that file belongs in the folder above.
+Prints a summary (each step's time and result, the rebase report's patch
+table) and exits non-zero when a step fails.  ``make venv`` is not run in
+the clone: the clone borrows this checkout's ``.venv`` as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+steps: list[tuple[str, float, str]] = []
+
+
+def run(name: str, cmd: list[str], cwd: Path, env: dict, ok=(0,)) -> subprocess.CompletedProcess:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    took = time.monotonic() - start
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+    steps.append((name, took, f"exit {proc.returncode}: {tail[0][:110]}"))
+    print(f"--- {name} ({took:.1f} s, exit {proc.returncode})\n{proc.stdout}{proc.stderr}",
+          flush=True)  # fmt: skip
+    if proc.returncode not in ok:
+        finish(f"FAILED at: {name}")
+    return proc
+
+
+def git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
+    env = {**os.environ, **GIT_ENV}
+    return subprocess.run(["git", "-C", str(repo), *args], env=env, input=input,
+                          capture_output=True, check=True).stdout  # fmt: skip
+
+
+def resolve(checkout: Path, recorded: Path) -> list[str]:
+    """Resolve every unmerged file of a stopped ``git am`` (see the module doc);
+    ``recorded``: the folder of this patch's hand resolutions."""
+    stages: dict[str, dict[int, str]] = {}
+    for entry in git(checkout, "ls-files", "-u", "-z").decode().split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            _mode, blob, stage = meta.split()
+            stages.setdefault(path, {})[int(stage)] = blob
+    done = []
+    for path, blobs in sorted(stages.items()):
+        if (recorded / path).is_file():
+            (checkout / path).write_bytes((recorded / path).read_bytes())
+            git(checkout, "add", "--", path)
+            how = f"recorded hand resolution {recorded.name}/{path}"
+        elif 3 in blobs and 2 in blobs and 1 in blobs:
+            with tempfile.TemporaryDirectory() as tmp:
+                files = []
+                for stage in (2, 1, 3):
+                    f = Path(tmp) / str(stage)
+                    f.write_bytes(git(checkout, "cat-file", "blob", blobs[stage]))
+                    files.append(str(f))
+                proc = subprocess.run(["git", "merge-file", "-p", "--theirs", *files],
+                                      capture_output=True, check=False)  # fmt: skip
+                (checkout / path).write_bytes(proc.stdout)
+            git(checkout, "add", "--", path)
+            how = "both changed: the patch's side of each conflicting region"
+        elif 3 in blobs:
+            (checkout / path).write_bytes(git(checkout, "cat-file", "blob", blobs[3]))
+            git(checkout, "add", "--", path)
+            how = "only the patch kept it: the patch's version"
+        else:
+            git(checkout, "rm", "-q", "--", path)
+            how = "the patch deleted it: deleted"
+        done.append(f"{path}: {how}")
+    return done
+
+
+def finish(result: str) -> None:
+    print("\n## Summary\n")
+    for name, took, what in steps:
+        print(f"- {name}: {took:.1f} s, {what}")
+    print(f"\nResult: {result}")
+    sys.exit(0 if result == "PASSED" else 1)
+
+
+def main() -> None:
+    to = sys.argv[1] if len(sys.argv) > 1 else "0.32.0"
+    real_work = Path(os.environ.get("SERIES_WORK_DIR", ROOT / "work")).absolute()
+    real_work.mkdir(parents=True, exist_ok=True)  # on the cache's file system: renames work
+    with tempfile.TemporaryDirectory(prefix="rebase-e2e-", dir=real_work) as tmp:
+        clone = Path(tmp) / "series"
+        subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(clone)], check=True)
+        (clone / ".venv").symlink_to((ROOT / ".venv").resolve())
+        work = clone / "work"
+        work.mkdir()
+        for name in ("base", "sdist"):  # the cache of materialised bases is shared
+            (real_work / name).mkdir(parents=True, exist_ok=True)
+            (work / name).symlink_to(real_work / name)
+        env = {**os.environ, "SERIES_WORK_DIR": str(work)}
+        env.pop("MAKEFLAGS", None)
+        make = ["make", "-s", "-o", "venv", "-C", str(clone)]
+        proc = run(f"make rebase TO={to} KEEP=1 NOTEST=1", [*make, "rebase", f"TO={to}",
+                   "KEEP=1", "NOTEST=1"], clone, env, ok=(0, 1, 2))  # fmt: skip
+        scratch = work / "rebase" / to / "vllm"
+        for _ in range(40):
+            if proc.returncode == 0:
+                break
+            if "left in progress" not in proc.stdout + proc.stderr:
+                finish("FAILED: the rebase stopped without a conflict to resolve")
+            patch = re.search(r"(\d{4}-\S+\.patch) conflicts", proc.stderr)
+            name = patch[1] if patch else "?"
+            for line in resolve(scratch, ROOT / "qualification" / "rebase" / f"resolutions-{to}"
+                                / name):  # fmt: skip
+                steps.append((f"resolved {name}", 0.0, line))
+            proc = run("make rebase CONTINUE=1", [*make, "rebase", "CONTINUE=1"], clone, env,
+                       ok=(0, 1, 2))  # fmt: skip
+        else:
+            finish("FAILED: too many conflicts")
+        report = (work / "rebase" / to / "report.md").read_text()
+        table = report.split("## Patches", 1)[1].split("```")[1]
+        steps.append(("rebase report", 0.0, "patches:" + table.rstrip().replace("\n", "\n    ")))
+        run("make check-manifest", [*make, "check-manifest"], clone, env)
+        run("make apply (the branch the rebase kept)", [*make, "apply"], clone, env)
+        shutil.rmtree(work / "vllm")
+        run("make apply (a fresh checkout of the new base)", [*make, "apply"], clone, env)
+        series = [str(clone / ".venv" / "bin" / "python"), "-m", "seriestool"]
+        run("test-series --full-only (one prefix: the whole series)",
+            [*series, "test-series", "--full-only"], clone,
+            {**env, "PYTHONPATH": "scripts"})  # fmt: skip
+        finish("PASSED")
+
+
+if __name__ == "__main__":
+    main()

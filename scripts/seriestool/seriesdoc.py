@@ -1,0 +1,104 @@
+"""SERIES.md's facts that ``patches/series.json`` records, rewritten from it.
+
+SERIES.md is written by hand, but some of it states what the manifest
+records: the subject of each row of "Order and why", the "Stable patch IDs"
+table and, in "Base", the version, upstream commit, sdist and base commit.
+``sync`` rewrites exactly those cells from the manifest (``export`` and a
+successful ``rebase`` call it, so ``check-manifest`` passes afterwards) and
+leaves every other line as it was.  A row follows its patch by subject: a
+renumbered patch keeps its "concern"; a new patch gets a row whose concern
+says to write one; a row of a patch that is gone is removed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from . import manifest as manifest_mod
+
+DOC_NAME = "SERIES.md"
+_ROW = re.compile(r"^\|\s*(\d{4})\s*\|\s*`([^`]*)`\s*\|(.*)$")
+_BASE_ROW = re.compile(r"^(\|\s*([a-z ]+?)\s*\|)(.*)$")
+
+
+def doc_for(patch_dir: Path) -> Path:
+    """The SERIES.md that describes ``patch_dir``: the one beside it."""
+    return Path(patch_dir).resolve().parent / DOC_NAME
+
+
+def _section(lines: list[str], title: str) -> tuple[int, int] | None:
+    """``(first, end)`` line indexes of the body of section ``## title``."""
+    try:
+        start = lines.index(f"## {title}") + 1
+    except ValueError:
+        return None
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return start, end
+
+
+def _rewrite_rows(lines: list[str], title: str, rows_for) -> None:
+    """Replace the ``| NNNN | `value` |...`` rows of a section with ``rows_for(old rows)``."""
+    span = _section(lines, title)
+    if span is None:
+        return
+    start, end = span
+    at = [i for i in range(start, end) if _ROW.match(lines[i])]
+    if not at:
+        return
+    old = [_ROW.match(lines[i]).groups() for i in at]
+    lines[at[0] : at[-1] + 1] = rows_for(old)
+
+
+def _order_rows(manifest: manifest_mod.Manifest, old: list[tuple[str, str, str]]) -> list[str]:
+    concern = {manifest_mod.normalise(subject): rest for _n, subject, rest in old}
+    rows = []
+    for entry in manifest.patches:
+        rest = concern.get(manifest_mod.normalise(entry.subject), " TODO: its concern |")
+        rows.append(f"| {entry.file[:4]} | `{entry.subject}` |{rest}")
+    return rows
+
+
+def _base_value(key: str, value: str, base: manifest_mod.Base) -> str:
+    """One cell of the "Base" table with the manifest's facts put in."""
+    ticks = re.findall(r"`[^`]*`", value)
+    if key == "project":
+        shown = f"v{base.version}" if base.version[:1].isdigit() else base.version
+        return re.sub(r"\bv?\d[\w.+-]*", shown, value, count=1)
+    if key == "upstream commit" and ticks:
+        return value.replace(ticks[0], f"`{base.upstream_commit}`", 1)
+    if key == "source of the tree":
+        if not base.sdist.sha256:
+            return f" the commit `{base.commit}` of a vLLM checkout (no sdist) |"
+        return f" PyPI sdist `{base.sdist.filename}`, sha256 `{base.sdist.sha256}` |"
+    if key == "materialised base commit" and ticks:
+        return value.replace(ticks[0], f"`{base.commit}`", 1)
+    return value
+
+
+def render(text: str, manifest: manifest_mod.Manifest) -> str:
+    """``text`` (SERIES.md) with the manifest's facts written into it."""
+    lines = text.split("\n")
+    _rewrite_rows(lines, "Order and why", lambda old: _order_rows(manifest, old))
+    _rewrite_rows(lines, "Stable patch IDs", lambda _old: [
+        f"| {p.file[:4]} | `{p.patch_id}` |" for p in manifest.patches
+    ])  # fmt: skip
+    span = _section(lines, "Base")
+    for i in range(*span) if span else ():
+        if match := _BASE_ROW.match(lines[i]):
+            lines[i] = match[1] + _base_value(match[2], match[3], manifest.base)
+    return "\n".join(lines)
+
+
+def sync(manifest: manifest_mod.Manifest, patch_dir: Path, log=print) -> None:
+    """Rewrite the SERIES.md beside ``patch_dir`` (if any) from ``manifest``."""
+    doc = doc_for(patch_dir)
+    if not doc.is_file():
+        return
+    text = doc.read_text(encoding="utf-8")
+    new = render(text, manifest)
+    if new != text:
+        tmp = doc.with_name(f".{doc.name}.tmp")
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(doc)
+        log(f"updated {doc.name}: its patch subjects, stable patch IDs and base, from the manifest")
