@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import inspect
 import json
 import os
 import sys
@@ -694,6 +695,10 @@ def op_pinned_read(cmd: dict) -> dict:
         out["pinned_reader"] = "absent from this tree"
     else:
         out["default"] = {"threads": reader_cls.THREADS, "chunk_bytes": reader_cls.CHUNK_BYTES}
+        # Series v3's reader reads at the offsets of the validated header.
+        reader_args = [nbytes]
+        if "shards" in inspect.signature(reader_cls).parameters:
+            reader_args.append({path: weight_utils._shard_tensors(path)})
         # The cost a process pays once, at its first load with pinned
         # staging: torch's cache of freed pinned blocks (earlier loads left
         # one) is emptied where torch can, and the second allocation is made
@@ -721,7 +726,7 @@ def op_pinned_read(cmd: dict) -> dict:
                     },
                 )
                 label = f"pinned reader, {threads} threads, {chunk // common.MiB} MiB chunks"
-                methods[label] = (variant(nbytes), threads, chunk)
+                methods[label] = (variant(*reader_args), threads, chunk)
     samples: dict[str, list] = {label: [] for label in methods}
     reads: dict[str, list] = {label: [] for label in methods}
     labels = list(methods)
