@@ -142,6 +142,18 @@ def synthetic_spec(layers: int = 32, shards: int = 4, small: bool = False) -> li
     return spec
 
 
+def many_spec(small: bool = False) -> list[list[tuple]]:
+    """100 shards of 1,160 bf16 tensors of 16 KiB: 116,000 tensors, 1.9 GB,
+    the tensor count of the largest MoE checkpoints, where a load's time is
+    almost all per-tensor cost.  ``small`` (CPU tests): 10 shards of 40
+    tensors of 256 B."""
+    shards, per_shard, numel = (10, 40, 128) if small else (100, 1160, 8192)
+    return [
+        [(f"model.layers.{s}.w{i:04d}", (numel,), "BF16") for i in range(per_shard)]
+        for s in range(shards)
+    ]
+
+
 BIG_TENSOR = ("model.extra_embedding.weight", (131072, 4096), "BF16")  # 1 GiB
 BIG_TENSOR_SMALL = ("model.extra_embedding.weight", (8192, 256), "BF16")  # 4 MiB
 

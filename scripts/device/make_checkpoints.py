@@ -1,6 +1,6 @@
 """Write the qualification checkpoints (CPU only, so it can run beside tests).
 
-    python3 make_checkpoints.py ROOT [--only synthetic,staging,heavy,layered,real]
+    python3 make_checkpoints.py ROOT [--only synthetic,staging,heavy,layered,real,many]
 
 ROOT/synthetic  about 8 GiB, 4 indexed shards, mixed tensor sizes
 ROOT/staging    the same shards (hard links) plus a shard with one 1 GiB tensor
@@ -9,6 +9,8 @@ ROOT/heavy      shards 1-2 of the same (hard links) and three 1 GiB tensors, eac
                 the bytes are in tensors above a 64 MiB staging bound
 ROOT/layered    a model-like stack for layerwise processing (fused q/k/v, gate/up)
 ROOT/real       a small Qwen3-MoE written by transformers' save_pretrained, sharded
+ROOT/many       116,000 bf16 tensors of 16 KiB in 100 indexed shards (1.9 GB), and
+                ROOT/many-part, its first 20 shards (hard links)
 
 Each folder gets ``checkpoint.json``: what was written (tensor count, bytes,
 stream order where the benchmarks need it, timings).  Tensor bytes are random
@@ -126,10 +128,12 @@ def make_synthetic(root: Path) -> dict:
     return describe(folder, written["files"], {"kind": "synthetic"})
 
 
-def link_synthetic(root: Path, folder: Path, keep: int | None = None) -> tuple[list[str], dict]:
-    """Hard-link the first ``keep`` (default: all) synthetic shards into
+def link_shards(
+    root: Path, folder: Path, keep: int | None = None, source: str = "synthetic"
+) -> tuple[list[str], dict]:
+    """Hard-link the first ``keep`` (default: all) shards of ``source`` into
     ``folder`` (no second copy in RAM); returns their names and weight map."""
-    src = root / "synthetic"
+    src = root / source
     folder.mkdir(parents=True, exist_ok=True)
     synthetic = json.loads((src / "model.safetensors.index.json").read_text())
     files = sorted(set(synthetic["weight_map"].values()))[:keep]
@@ -156,7 +160,7 @@ def make_staging(root: Path) -> dict:
     between shards 2 and 3 so the oversized tensor sits in the middle of the
     stream."""
     folder = root / "staging"
-    files, weight_map = link_synthetic(root, folder)
+    files, weight_map = link_shards(root, folder)
     extra_name = files[1].replace("-of-", "b-extra-of-")
     big = big_tensor(common.BIG_TENSOR[0])
     written = write_sharded(folder, [[big]], first_index=len(weight_map), names=[extra_name])
@@ -174,7 +178,7 @@ def make_heavy(root: Path) -> dict:
     its own, sorted first, between the two and last (as a vocabulary-sized
     embedding and lm_head would be): 3 of 6.9 GiB above a 64 MiB bound."""
     folder = root / "heavy"
-    files, weight_map = link_synthetic(root, folder, keep=2)
+    files, weight_map = link_shards(root, folder, keep=2)
     names = ["model-00000-heavy.safetensors"] + [f.replace("-of-", "b-heavy-of-") for f in files]
     spec = [[big_tensor(f"model.heavy_{i}.weight")] for i in range(len(names))]
     written = write_sharded(folder, spec, first_index=20_000, names=names)
@@ -281,12 +285,32 @@ def make_real(root: Path) -> dict:
     )
 
 
+def make_many(root: Path) -> dict:
+    """Many small tensors (``common.many_spec``), and ``many-part``: its first
+    fifth of the shards (hard links), where the retention check's cost is
+    measured in shorter loads."""
+    folder = root / "many"
+    spec = common.many_spec(small=SMALL)
+    written = write_sharded(folder, spec, first_index=30_000)
+    write_index(folder, written["weight_map"], written["total_size"])
+    part = root / "many-part"
+    files, weight_map = link_shards(root, part, keep=len(spec) // 5, source="many")
+    write_index(part, weight_map, total_size(part, files))
+    part_info = describe(part, files, {"kind": "many-part"})
+    return describe(
+        folder,
+        written["files"],
+        {"kind": "many", "part": {k: part_info[k] for k in ("dir", "n_tensors", "payload_bytes")}},
+    )
+
+
 MAKERS = {
     "synthetic": make_synthetic,
     "staging": make_staging,
     "heavy": make_heavy,
     "layered": make_layered,
     "real": make_real,
+    "many": make_many,
 }
 
 
@@ -301,7 +325,7 @@ def main() -> int:
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name in args.only.split(","):
+    for name in filter(None, args.only.split(",")):
         t0 = time.perf_counter()
         info = MAKERS[name](root)
         info["seconds_to_write"] = round(time.perf_counter() - t0, 2)

@@ -115,6 +115,7 @@ def summarise_loads(runs: list[dict], nbytes: int | None = None) -> dict:
         "cpu_bytes": ok[0].get("cpu_bytes") if ok else None,
         "cpu_n": ok[0].get("cpu_n") if ok else None,
         "cpu_gb_s": common.median(cpu_rates) / 1e9 if cpu_rates else None,
+        "retention_check_off": any(r.get("retention_check_off") for r in ok),
     }
 
 
@@ -135,88 +136,92 @@ def evaluate_targets(res: dict) -> list[dict]:
     def mib_of(n):
         return None if n is None else n / common.MiB
 
-    tput = res.get("throughput", {})
-    tp = tput.get("configs", {})
-    base = tp.get("base InstantTensor", {}).get("gib_s")
-    aa = common.ratio(tp.get("base InstantTensor (A/A repeat)", {}).get("gib_s"), base)
-    noise = f"A/A repeat of the base: {aa:.3f}" if aa else ""
-    for label in ("series COPY=1", "series COPY=0"):
-        r = common.ratio(tp.get(label, {}).get("gib_s"), base)
-        add(f"throughput {label} / base", ">= 0.97", r, r is not None and r >= 0.97, noise)
-    r = tput.get("retention_check_ratio")
-    add(
-        "retention check: COPY=0 throughput with / without it",
-        "stated",
-        r,
-        r is not None,
-        (f"the check costs {100 * (1 - r):.1f} % of borrowed-mode throughput; " if r else "")
-        + noise,
-    )
-    tuning = res.get("tuning", {})
-    if tuning.get("grid"):
-        best = tuning.get("best", {})
-        rates = [best.get("gib_s"), *(tp.get(k, {}).get("gib_s") for k in tp if "series" in k)]
-        r = common.ratio(max([v for v in rates if v], default=None), tput.get("pinned_gib_s"))
+    # A phase skipped by choice (--skip, --only) has no targets; one that failed misses them.
+    skipped = set(res.get("skipped_phases", []))
+    if "throughput" not in skipped:
+        tput = res.get("throughput", {})
+        tp = tput.get("configs", {})
+        base = tp.get("base InstantTensor", {}).get("gib_s")
+        aa = common.ratio(tp.get("base InstantTensor (A/A repeat)", {}).get("gib_s"), base)
+        noise = f"A/A repeat of the base: {aa:.3f}" if aa else ""
+        for label in ("series COPY=1", "series COPY=0"):
+            r = common.ratio(tp.get(label, {}).get("gib_s"), base)
+            add(f"throughput {label} / base", ">= 0.97", r, r is not None and r >= 0.97, noise)
+        r = tput.get("retention_check_ratio")
         add(
-            "series best / pinned H2D ceiling (ambitious)",
-            ">= 0.80",
+            "retention check: COPY=0 throughput with / without it",
+            "stated",
             r,
-            r is not None and r >= 0.80,
-            best.get("label", ""),
+            r is not None,
+            (f"the check costs {100 * (1 - r):.1f} % of borrowed-mode throughput; " if r else "")
+            + noise,
         )
+        tuning = res.get("tuning", {})
+        if tuning.get("grid"):
+            best = tuning.get("best", {})
+            rates = [best.get("gib_s"), *(tp.get(k, {}).get("gib_s") for k in tp if "series" in k)]
+            r = common.ratio(max([v for v in rates if v], default=None), tput.get("pinned_gib_s"))
+            add(
+                "series best / pinned H2D ceiling (ambitious)",
+                ">= 0.80",
+                r,
+                r is not None and r >= 0.80,
+                best.get("label", ""),
+            )
 
-    st = res.get("staging", {}).get("configs", {})
-    hv = res.get("heavy", {}).get("configs", {})
-    pinned, pageable = "series bound, pinned staging", "series bound"
-    rate = st.get(pinned, {}).get("cpu_gb_s")
-    add(
-        "CPU fallback with pinned staging, to the end of the GPU copy (GB/s)",
-        ">= 20",
-        rate,
-        rate is not None and rate >= 20,
-        f"pageable fallback {fmt(st.get(pageable, {}).get('cpu_gb_s'))} GB/s; heavy checkpoint"
-        f" {fmt(hv.get(pinned, {}).get('cpu_gb_s'))} GB/s",
-    )
-    r = st.get(pinned, {}).get("ratio_vs_unbound")
-    add(
-        "bounded load (64 MiB, one 1 GiB tensor) with pinned staging / unbounded",
-        "<= 1.3",
-        r,
-        r is not None and r <= 1.3,
-        f"pageable fallback {fmt(st.get(pageable, {}).get('ratio_vs_unbound'))}",
-    )
-    fraction = res.get("heavy", {}).get("oversized_fraction")
-    r = hv.get(pinned, {}).get("ratio_vs_unbound")
-    add(
-        f"heavy checkpoint ({fmt(100 * fraction, 0) if fraction else '?'} % oversized)"
-        " bounded with pinned staging / unbounded",
-        "<= 1.6",
-        r,
-        r is not None and r <= 1.6,
-        f"pageable fallback {fmt(hv.get(pageable, {}).get('ratio_vs_unbound'))}",
-    )
-    bound = res.get("staging", {}).get("bound_bytes") or 64 * common.MiB
-    rings = [c.get(pinned, {}).get("ring_bytes") for c in (st, hv)]
-    rings = [r for r in rings if r is not None]
-    add(
-        "ring with pinned staging (MiB)",
-        f"<= bound {bound / common.MiB:.0f}",
-        mib_of(max(rings)) if rings else None,
-        bool(rings) and max(rings) <= bound,
-    )
-    extra = [
-        c[pinned]["peak_used_delta"] - c[pageable]["peak_used_delta"]
-        for c in (st, hv)
-        if c.get(pinned, {}).get("peak_used_delta") is not None
-        and c.get(pageable, {}).get("peak_used_delta") is not None
-    ]
-    add(
-        "peak GPU memory, pinned staging minus pageable fallback (MiB)",
-        f"<= {PEAK_SLACK / common.MiB:.0f} (no new GPU allocation)",
-        mib_of(max(extra)) if extra else None,
-        bool(extra) and max(extra) <= PEAK_SLACK,
-        "larger of the staging and heavy checkpoints (mem_get_info)",
-    )
+    if not {"staging", "heavy"} <= skipped:
+        st = res.get("staging", {}).get("configs", {})
+        hv = res.get("heavy", {}).get("configs", {})
+        pinned, pageable = "series bound, pinned staging", "series bound"
+        rate = st.get(pinned, {}).get("cpu_gb_s")
+        add(
+            "CPU fallback with pinned staging, to the end of the GPU copy (GB/s)",
+            ">= 20",
+            rate,
+            rate is not None and rate >= 20,
+            f"pageable fallback {fmt(st.get(pageable, {}).get('cpu_gb_s'))} GB/s; heavy checkpoint"
+            f" {fmt(hv.get(pinned, {}).get('cpu_gb_s'))} GB/s",
+        )
+        r = st.get(pinned, {}).get("ratio_vs_unbound")
+        add(
+            "bounded load (64 MiB, one 1 GiB tensor) with pinned staging / unbounded",
+            "<= 1.3",
+            r,
+            r is not None and r <= 1.3,
+            f"pageable fallback {fmt(st.get(pageable, {}).get('ratio_vs_unbound'))}",
+        )
+        fraction = res.get("heavy", {}).get("oversized_fraction")
+        r = hv.get(pinned, {}).get("ratio_vs_unbound")
+        add(
+            f"heavy checkpoint ({fmt(100 * fraction, 0) if fraction else '?'} % oversized)"
+            " bounded with pinned staging / unbounded",
+            "<= 1.6",
+            r,
+            r is not None and r <= 1.6,
+            f"pageable fallback {fmt(hv.get(pageable, {}).get('ratio_vs_unbound'))}",
+        )
+        bound = res.get("staging", {}).get("bound_bytes") or 64 * common.MiB
+        rings = [c.get(pinned, {}).get("ring_bytes") for c in (st, hv)]
+        rings = [r for r in rings if r is not None]
+        add(
+            "ring with pinned staging (MiB)",
+            f"<= bound {bound / common.MiB:.0f}",
+            mib_of(max(rings)) if rings else None,
+            bool(rings) and max(rings) <= bound,
+        )
+        extra = [
+            c[pinned]["peak_used_delta"] - c[pageable]["peak_used_delta"]
+            for c in (st, hv)
+            if c.get(pinned, {}).get("peak_used_delta") is not None
+            and c.get(pageable, {}).get("peak_used_delta") is not None
+        ]
+        add(
+            "peak GPU memory, pinned staging minus pageable fallback (MiB)",
+            f"<= {PEAK_SLACK / common.MiB:.0f} (no new GPU allocation)",
+            mib_of(max(extra)) if extra else None,
+            bool(extra) and max(extra) <= PEAK_SLACK,
+            "larger of the staging and heavy checkpoints (mem_get_info)",
+        )
 
     de = res.get("deferred", {}).get("configs", {})
     tp_n = res.get("deferred", {}).get("tp", 8)
@@ -246,6 +251,26 @@ def evaluate_targets(res: dict) -> list[dict]:
             series is not None and base is not None and series <= base,
             "v1: 352 with its release patch, 448 in v0.33.0's order",
         )
+    many = res.get("many", {})
+    for label, c in many.get("configs", {}).items():
+        if "ratio_vs_base" in c and label != "base v0.33.0":
+            r = c["ratio_vs_base"]
+            add(
+                f"many tensors: {label} / base (time)",
+                "<= 1.03",
+                r,
+                r is not None and r <= 1.03,
+                f"{fmt(c.get('us_per_tensor'), 1)} us per tensor, first tensor after"
+                f" {fmt(c.get('first_tensor_s'))} s",
+            )
+        if "check_ratio" in c:
+            add(
+                f"many tensors: retention check cost, {label.split(', ')[-1]} (with / without)",
+                "stated",
+                c["check_ratio"],
+                c["check_ratio"] is not None,
+                f"{fmt(c.get('us_per_tensor'), 1)} us per tensor with the check",
+            )
     checked = [k for k in de if k.startswith("series ")]
     if checked:
         bad = [de[k].get("n_mismatched_modules") for k in checked]
@@ -564,6 +589,45 @@ def render_summary(res: dict) -> str:
             )
         )
         for label in rw.get("not_run", []):
+            out.append(f"\nNot run: {label}")
+        out.append("")
+
+    many = res.get("many", {})
+    if many.get("configs"):
+        part = many.get("part", {})
+        out.append(
+            f"## Many small tensors ({many.get('n_tensors')} tensors of"
+            f" {fmt(many.get('tensor_bytes'))} B in {many.get('n_files')} shards; check-cost"
+            f" rows: {part.get('n_tensors')} of them; median of {many.get('rounds')}"
+            " interleaved rounds)\n"
+        )
+        rows = [
+            [
+                label,
+                c.get("tree"),
+                c.get("median_s"),
+                fmt(c.get("ratio_vs_base"), 3),
+                c.get("first_tensor_s"),
+                fmt(c.get("us_per_tensor"), 1),
+                fmt(c.get("check_ratio"), 3),
+            ]
+            for label, c in many["configs"].items()
+        ]
+        out.append(
+            md_table(
+                [
+                    "config",
+                    "tree",
+                    "seconds",
+                    "× base",
+                    "first tensor s",
+                    "µs per tensor",
+                    "check on / off",
+                ],
+                rows,
+            )
+        )
+        for label in many.get("not_run", []):
             out.append(f"\nNot run: {label}")
         out.append("")
 

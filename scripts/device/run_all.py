@@ -37,7 +37,15 @@ interleaved between the workers, and the report:
   deferred     layerwise online processing, whole and as rank 0 of 8 (TP-like)
   pinned_read  one 1 GiB tensor to the GPU: pageable, and the pinned reader
                over threads x chunk sizes (which default is fastest)
+  many         116,000 tensors of 16 KiB in 100 shards: base, series options
+               unset, copy false, borrowed with a consumer that keeps a tensor
+               it owns, bounded, bounded + pinned staging (seconds, x base,
+               first tensor, us per tensor); the retention check's cost with
+               that consumer at stack depth 1 and 60 (20 of the shards)
   tuning       InstantTensor's own knobs (skipped unless ``--skip`` omits it)
+
+``--only many`` runs one benchmark alone (no tests; only its checkpoint is
+written): ``bash scripts/device/run_all.sh --only many``, about 4 minutes.
 """
 
 from __future__ import annotations
@@ -298,8 +306,9 @@ def machine_facts(run: Run, shm_root: Path) -> dict:
 
 
 # tmpfs the checkpoints take: synthetic 7.9 GiB, staging's and heavy's new
-# 1 GiB tensors 4 GiB (the rest are hard links), layered 1.4, real 0.4.
-SHM_GIB = 16
+# 1 GiB tensors 4 GiB (the rest are hard links), layered 1.4, real 0.4,
+# many 1.9 (many-part: hard links).
+SHM_GIB = 18
 
 
 def choose_shm(run: Run, wanted_gib: float) -> Path:
@@ -382,16 +391,33 @@ SMALL_SIZES = {"bound": common.MiB, "real_bound": common.MiB // 2, "layer_shape"
 # Each benchmark's share of the budget (seconds): a phase stops starting new
 # rounds when its share is spent, so that the later ones still run.  With
 # ``--small`` (CPU tests on a shared machine) the shares are SMALL_SCALE times
-# as long: there the budget alone bounds the run.
+# as long: there the budget alone bounds the run.  On the H200 the tests take
+# about 170 s, the other benchmarks about 130 s with these shares, and a round
+# of ``many`` about 50 s: the budget leaves ``many`` two or three rounds
+# (``--only many``: three).
 SMALL_SCALE = 4
 PHASE_SECONDS = {
     "real_writer": 25,
-    "throughput": 75,
+    "throughput": 30,
     "staging": 50,
     "heavy": 50,
     "deferred": 40,
     "pinned_read": 25,
+    "many": 160,
     "tuning": 30,
+}
+# The checkpoints, in the order they are written, and those each phase reads
+# (staging and heavy link synthetic's shards).
+KINDS = ("synthetic", "staging", "heavy", "layered", "real", "many")
+CHECKPOINTS = {
+    "real_writer": ["real"],
+    "throughput": ["synthetic"],
+    "staging": ["synthetic", "staging"],
+    "heavy": ["synthetic", "heavy"],
+    "deferred": ["layered"],
+    "pinned_read": ["synthetic", "staging"],
+    "many": ["many"],
+    "tuning": ["synthetic"],
 }
 
 
@@ -411,13 +437,20 @@ def runnable(run: Run, configs: list, out: dict) -> list:
     return keep
 
 
+ROUND_STARTED: dict[str, float] = {}
+
+
 def phase_over(run: Run, until: float, name: str, out: dict, rnd: int) -> bool:
-    """Whether a phase must stop starting rounds: its share of the budget, or
-    the budget, is spent.  The medians then rest on fewer rounds, which
+    """Whether a phase must stop starting rounds: its share of the budget is
+    spent, or a round as long as the last one would leave less than 45 s of
+    the budget.  The medians then rest on fewer rounds, which
     ``out["rounds"]`` says; a phase that timed nothing is a problem."""
-    if time.monotonic() < until and run.left() >= 45:
+    now = time.monotonic()
+    last_round = now - ROUND_STARTED[name] if rnd else 0.0
+    ROUND_STARTED[name] = now
+    if now < until and run.left() - last_round >= 45:
         return False
-    why = "its share of the budget" if run.left() >= 45 else "the time budget"
+    why = "its share of the budget" if now >= until else "the time budget"
     run.log(f"{name}: stopped before round {rnd + 1} of {out['repeats']} ({why} spent)")
     if rnd == 0:
         run.problem(f"{name}: no timed round ran ({why} spent)")
@@ -700,7 +733,7 @@ def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
     grid of threads x chunk sizes (worker op ``pinned_read``)."""
     info = ck["staging"]
     r = W["series"].call(
-        "pinned_read", file=info["big_file"], tensor=info["big_tensor"], reps=5, timeout=150
+        "pinned_read", file=info["big_file"], tensor=info["big_tensor"], reps=3, timeout=150
     )
     r["tree"] = W["series"].tree_label
     if "error" in r:
@@ -709,6 +742,84 @@ def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
         if not m.get("bitwise_equal"):
             run.problem(f"pinned_read {label}: the GPU copy differs from the file")
     return r
+
+
+MANY_REPEATS = 3
+COPY_FALSE = {"instanttensor_copy": False}
+
+
+def many_configs(ck: dict) -> list:
+    """The many-tensor rows: every configuration on the whole checkpoint, then
+    the retention check's cost on ``many-part`` (a fifth of the shards), with
+    a consumer that keeps a tensor it owns, at stack depth 1 and 60, with
+    and without the check."""
+    bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}
+    keeps = {"extra": COPY_FALSE, "keep_owned": True}
+    configs = [
+        ("base v0.33.0", "base", {}),
+        ("series, options unset", "series", {}),
+        ("series, instanttensor_copy: false", "series", {"extra": COPY_FALSE}),
+        ("series, borrowed, consumer keeps an owned tensor", "series", keeps),
+        ("series bound", "series", {"env": bound}),
+        ("series bound, pinned staging", "series", {"env": bound, "extra": PINNED}),
+    ]
+    part = {"dir": ck["many"]["part"]["dir"], "dests": ck["many"]["dir"]}
+    for depth in (1, 60):
+        for check in (True, False):
+            label = f"check cost: keeps an owned tensor, depth {depth}"
+            kw = {**keeps, **part, "depth": depth, "retention_check": check}
+            configs.append((label + ("" if check else ", check off"), "series", kw))
+    return configs
+
+
+def bench_many(run: Run, W: dict, ck: dict, until: float) -> dict:
+    """Many small tensors through DefaultModelLoader (worker op ``stream``:
+    each tensor copied into its preallocated GPU parameter), every
+    configuration interleaved with the base round by round; medians of the
+    load time, the time to the first tensor and the time per tensor.  The
+    retention check's cost is each ``check cost`` row's time with the check
+    over its time without."""
+    info = ck["many"]
+    out: dict = {
+        "dir": info["dir"],
+        "n_tensors": info["n_tensors"],
+        "n_files": len(info["files"]),
+        "tensor_bytes": info["largest_tensor_bytes"],
+        "part": info["part"],
+        "repeats": MANY_REPEATS,
+        "rounds": 0,
+        "configs": {},
+    }
+    configs = runnable(run, many_configs(ck), out)
+    runs: dict[str, list] = {label: [] for label, _, _ in configs}
+    for rnd, (label, wname, kw) in interleaved(configs, MANY_REPEATS):
+        if label == configs[rnd % len(configs)][0]:
+            if phase_over(run, until, "many", out, rnd):
+                break
+            out["rounds"] = rnd + 1
+        r = W[wname].call("stream", timeout=120, **{"dir": info["dir"], **kw})
+        if "error" not in r and not r["names_ok"]:
+            run.problem(f"many {label}: {r['n']} tensors, not the checkpoint's names")
+        runs[label].append(r)
+    for label, wname, kw in configs:
+        part = kw.get("dir") == info["part"]["dir"]
+        n = info["part"]["n_tensors"] if part else info["n_tensors"]
+        nbytes = info["part"]["payload_bytes"] if part else info["payload_bytes"]
+        s = report.summarise_loads(runs[label], nbytes)
+        ok = [r for r in runs[label] if "error" not in r]
+        s["tree"] = W[wname].tree_label
+        s["n_tensors"] = n
+        s["first_tensor_s"] = common.median([r["first_tensor_s"] for r in ok])
+        s["us_per_tensor"] = s["median_s"] * 1e6 / n if s["median_s"] else None
+        out["configs"][label] = s
+    base = out["configs"].get("base v0.33.0", {}).get("median_s")
+    for label, s in out["configs"].items():
+        if not label.startswith("check cost"):
+            s["ratio_vs_base"] = common.ratio(s["median_s"], base)
+        elif not label.endswith("check off"):
+            off = out["configs"].get(f"{label}, check off", {})
+            s["check_ratio"] = common.ratio(s["median_s"], off.get("median_s"))
+    return out
 
 
 def bench_tuning(run: Run, W: dict, ck: dict, pinned_gib_s: float | None) -> dict:
@@ -770,7 +881,11 @@ def bench_tuning(run: Run, W: dict, ck: dict, pinned_gib_s: float | None) -> dic
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"phases (--skip, --only): {', '.join(['tests', *PHASE_SECONDS])}",
+    )
     parser.add_argument("--bundle", default=".device")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/qual-out"))
     parser.add_argument("--work", default="/tmp/qual")
@@ -786,6 +901,11 @@ def main() -> int:
         help="comma-separated phases to skip (default: tuning, InstantTensor's own knobs)",
     )
     parser.add_argument(
+        "--only",
+        help="comma-separated phases to run, all others skipped, e.g. '--only many' (the"
+        " many-tensor benchmark alone: no tests, only its checkpoint written)",
+    )
+    parser.add_argument(
         "--extra-path",
         action="append",
         default=[],
@@ -798,6 +918,11 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     skip = set(filter(None, args.skip.split(",")))
+    if args.only:
+        only = set(args.only.split(","))
+        if only - {"tests", *PHASE_SECONDS}:
+            parser.error(f"--only: no phase {', '.join(sorted(only - {'tests', *PHASE_SECONDS}))}")
+        skip = {"tests", *PHASE_SECONDS} - only
     if args.small:
         SIZES.update(SMALL_SIZES)
     run = Run(out, work, args.budget)
@@ -862,7 +987,9 @@ def main() -> int:
         series_tree = trees.get("series", trees["base"])
 
         # Background: checkpoints (CPU) and workers (vLLM import).
+        needed = {k for phase in PHASE_SECONDS if phase not in skip for k in CHECKPOINTS[phase]}
         gen_cmd = [PY, str(HERE / "make_checkpoints.py"), str(shm)]
+        gen_cmd += ["--only", ",".join(k for k in KINDS if k in needed)]
         if args.small:
             gen_cmd.append("--small")
         gen_log = (work / "checkpoints.log").open("w")
@@ -928,7 +1055,7 @@ def main() -> int:
         res["phases"]["checkpoints"] = {"rc": rc, "seconds": round(time.monotonic() - gen_t0, 1)}
         run.log(f"checkpoints: rc={rc}, {time.monotonic() - gen_t0:.1f}s since start")
         ck: dict = {}
-        for kind in ("synthetic", "staging", "heavy", "layered", "real"):
+        for kind in KINDS:
             path = shm / kind / "checkpoint.json"
             if path.exists():
                 ck[kind] = json.loads(path.read_text())
@@ -966,6 +1093,7 @@ def main() -> int:
                 ("heavy", "heavy", lambda until: bench_bounded(run, W, ck, "heavy", until)),
                 ("deferred", "layered", lambda until: bench_deferred(run, W, ck, controls, until)),
                 ("pinned_read", "staging", lambda until: bench_pinned_read(run, W, ck)),
+                ("many", "many", lambda until: bench_many(run, W, ck, until)),
                 (
                     "tuning",
                     "synthetic",
@@ -1020,8 +1148,17 @@ def check_semantics(run: Run, res: dict, series_mode: bool) -> None:
     for label in ("series COPY=0", "series COPY=0, retention check off"):
         if tp.get(label, {}).get("copy_args") not in (None, [], ["False"]):
             run.problem(f"{label} called InstantTensor with copy={tp[label]['copy_args']}")
+    off = tp.get("series COPY=0, retention check off", {})
+    if off.get("runs") and not off["retention_check_off"]:
+        run.problem("series COPY=0, retention check off: the check was not switched off")
     if tp.get("base InstantTensor", {}).get("copy_args") not in (None, [], ["True"]):
         run.problem("base called InstantTensor with copy != True")
+    for label, c in res.get("many", {}).get("configs", {}).items():
+        borrowed = "false" in label or "keeps" in label
+        if c.get("copy_args") not in ([], [str(not borrowed)]):
+            run.problem(f"many {label} called InstantTensor with copy={c['copy_args']}")
+        if c.get("runs") and c["retention_check_off"] != label.endswith("check off"):
+            run.problem(f"many {label}: the retention check was not as the label says")
     on_gpu = res.get("device", "cuda") == "cuda"
     for label, c in res.get("real_writer", {}).get("configs", {}).items():
         if "error" in c:
@@ -1154,6 +1291,13 @@ def print_table(res: dict) -> None:
             f"real {label:<42} n={c.get('n_tensors')} names_equal={c.get('names_equal')} "
             f"mismatches={c.get('n_mismatches')} cpu={c.get('on_cpu')} "
             f"borrowed={c.get('borrowed_marked')} pinned={c.get('cpu_pinned')}"
+        )
+    many = res.get("many", {})
+    for label, c in many.get("configs", {}).items():
+        print(
+            f"many {label:<50} {fmt(c.get('median_s'))} s x base {fmt(c.get('ratio_vs_base'), 3)}"
+            f" first {fmt(c.get('first_tensor_s'))} s {fmt(c.get('us_per_tensor'), 1)} us/tensor"
+            + (f" check on/off {fmt(c['check_ratio'], 3)}" if "check_ratio" in c else "")
         )
     pr = res.get("pinned_read", {})
     for label, m in pr.get("methods", {}).items():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import inspect
 import json
@@ -122,6 +123,11 @@ def headers(folder: str) -> dict[str, tuple[str, list[int], str]]:
         for name, meta in header.items():
             out[name] = (path, meta["shape"], meta["dtype"])
     return out
+
+
+@functools.cache
+def names_in(folder: str) -> frozenset[str]:
+    return frozenset(headers(folder))
 
 
 def as_bytes(t):
@@ -220,14 +226,15 @@ def op_info(cmd: dict) -> dict:
 def retention_check(enabled: bool):
     """With ``enabled`` false, the series' retention check of borrowed tensors
     is replaced by a pass-through for the duration (to measure its cost).  A
-    tree without the check is left as it is."""
+    tree without the check is left as it is.  Yields whether the check was
+    switched off, so that a renamed check cannot pass for a disabled one."""
     original = getattr(weight_utils, "_check_borrowed_weights_released", None)
     if enabled or original is None:
-        yield
+        yield False
         return
     weight_utils._check_borrowed_weights_released = lambda weights: weights
     try:
-        yield
+        yield True
     finally:
         weight_utils._check_borrowed_weights_released = original
 
@@ -263,7 +270,7 @@ def op_load(cmd: dict) -> dict:
     peak_used = used0
     with (
         warnings.catch_warnings(record=True) as caught,
-        retention_check(cmd.get("retention_check", True)),
+        retention_check(cmd.get("retention_check", True)) as check_off,
     ):
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -293,6 +300,7 @@ def op_load(cmd: dict) -> dict:
         "cpu_n": cpu_n,
         "cpu_bytes": cpu_bytes,
         "cpu_seconds": cpu_seconds,
+        "retention_check_off": check_off,
         "peak_used_delta": peak_used - used0,
         "torch_peak_delta": max_allocated() - alloc0,
         "readers": list(READERS),
@@ -316,6 +324,60 @@ def op_load(cmd: dict) -> dict:
         result["mismatches"] = bad[:20]
         result["n_mismatches"] = len(bad)
     return result
+
+
+def at_depth(depth: int, fn):
+    """``fn()`` called ``depth - 1`` frames below this one."""
+    return fn() if depth <= 1 else at_depth(depth - 1, fn)
+
+
+def op_stream(cmd: dict) -> dict:
+    """One timed load of a checkpoint of many small tensors through
+    DefaultModelLoader, with a lean consumer (``load`` asks the driver for
+    free memory at every tensor, which would count at 100,000 tensors): it
+    copies each tensor into its preallocated GPU parameter and notes the
+    time to the first tensor.
+
+    ``dests``: the folder whose parameters to use (default ``dir``; a folder
+    of some of its shards shares them).  ``keep_owned``: the consumer keeps
+    an owned copy of its first tensor in a local to the end, as a model with
+    a tied embedding does.  ``depth``: the consuming loop runs that many
+    frames deep.  ``retention_check``: as in ``load``."""
+    folder, fmt = cmd["dir"], cmd.get("format", "instanttensor")
+    keep_owned = cmd.get("keep_owned", False)
+    set_env(cmd.get("env"))
+    dests = dests_for(cmd.get("dests", folder))
+    sync()
+    empty_cache()
+    READERS.clear()
+    seen: list[str] = []
+
+    def consume() -> float | None:
+        first = kept = None
+        for name, tensor in weights(folder, fmt, cmd.get("extra")):
+            if first is None:
+                first = time.perf_counter() - t0
+                if keep_owned:
+                    kept = tensor.clone()
+            dests[name].copy_(tensor)
+            seen.append(name)
+        del kept
+        return first
+
+    with retention_check(cmd.get("retention_check", True)) as check_off:
+        t0 = time.perf_counter()
+        first = at_depth(cmd.get("depth", 1), consume)
+        sync()
+        seconds = time.perf_counter() - t0
+    expected = names_in(folder)
+    return {
+        "seconds": seconds,
+        "first_tensor_s": first,
+        "n": len(seen),
+        "names_ok": len(seen) == len(expected) and set(seen) == expected,
+        "retention_check_off": check_off,
+        "readers": [{"copy": rd["copy"], "buffer_size": rd["buffer_size"]} for rd in READERS],
+    }
 
 
 def op_pinned(cmd: dict) -> dict:
@@ -789,6 +851,7 @@ def op_pinned_read(cmd: dict) -> dict:
 OPS = {
     "info": op_info,
     "load": op_load,
+    "stream": op_stream,
     "pinned": op_pinned,
     "real": op_real,
     "layerwise": op_layerwise,

@@ -595,6 +595,9 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
         assert c["n_mismatched_modules"] == 0 and c["never_processed"] == 0, label
     assert {c["tp"] for c in res["deferred"]["configs"].values()} == {1, 8}
     assert res["pinned_read"]["pinned_reader"] == "absent from this tree"
+    many = res["many"]
+    assert set(many["configs"]) == {"base v0.33.0", "series, options unset", "series bound"}
+    assert len(many["not_run"]) == 7 and all(c["runs"] for c in many["configs"].values())
     assert "SMOKE RUN" in (tmp_path / "out" / "summary.md").read_text()
 
 
@@ -710,8 +713,11 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     assert all(m["borrowed_marked"] for k, m in pr["methods"].items() if "pinned" in k)
     assert pr["default"]["threads"] == 16 and pr["best"]["gb_s"] > 0
 
+    assert res["many"]["rounds"] == 3 and "not_run" not in res["many"]
+    assert all(c["runs"] == 3 for c in res["many"]["configs"].values())
+
     targets = {t["name"]: t for t in res["targets"]}
-    assert len(targets) == 12 and not any("ambitious" in name for name in targets)
+    assert len(targets) == 19 and not any("ambitious" in name for name in targets)
     for name, t in targets.items():
         assert t["value"] is not None, name
     summary = (tmp_path / "out" / "summary.md").read_text()
@@ -723,6 +729,47 @@ def run_all_module():
     import run_all
 
     return run_all
+
+
+def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
+    """``--only many``: no tests, only the many-tensor checkpoints written,
+    and every many-tensor row measured on the tree its label names, with
+    the time to the first tensor, the time per tensor, a ratio to the base
+    for each configuration and the retention check's cost at stack depth 1
+    and 60, whose "check off" rows really ran without the check."""
+    proc, res = run_all(series_bundle, tmp_path, "--only", "many")
+    assert [p for p in res["problems"] if "plot" not in p] == [], proc.stdout[-3000:]
+    assert proc.returncode == 0 and res["status"] == "pass"
+    assert "tests" not in res["phases"] and res["tests"] == {}
+    assert set(res["checkpoints"]) == {"many"}
+    assert not any(key in res for key in ("throughput", "staging", "real_writer"))
+    many = res["many"]
+    labels = [label for label, _, _ in run_all_module().many_configs(res["checkpoints"])]
+    assert list(many["configs"]) == labels and len(labels) == 10
+    assert many["rounds"] == 3 and many["n_tensors"] == 400 and many["part"]["n_tensors"] == 80
+    for label, c in many["configs"].items():
+        assert c["runs"] == 3 and c["errors"] == [], label
+        assert c["first_tensor_s"] < c["median_s"], label
+        assert c["us_per_tensor"] == pytest.approx(c["median_s"] * 1e6 / c["n_tensors"])
+        assert c["retention_check_off"] == label.endswith("check off"), label
+    configs = many["configs"]
+    assert (
+        configs["base v0.33.0"]["tree"] == "base" and configs["base v0.33.0"]["ratio_vs_base"] == 1
+    )
+    assert configs["series, instanttensor_copy: false"]["copy_args"] == ["False"]
+    assert configs["series, options unset"]["copy_args"] == ["True"]
+    for depth in (1, 60):
+        label = f"check cost: keeps an owned tensor, depth {depth}"
+        on, off = configs[label], configs[f"{label}, check off"]
+        assert on["n_tensors"] == 80 and "ratio_vs_base" not in on
+        assert on["check_ratio"] == pytest.approx(on["median_s"] / off["median_s"])
+    targets = {t["name"]: t for t in res["targets"]}
+    assert all(name.startswith("many tensors: ") for name in targets) and len(targets) == 7
+    assert "many tensors: series bound, pinned staging / base (time)" in targets
+    assert targets["many tensors: retention check cost, depth 60 (with / without)"]["value"]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Many small tensors (400 tensors of 256 B in 10 shards" in summary
+    assert "many check cost: keeps an owned tensor, depth 60" in proc.stdout
 
 
 def test_tp2_on_cpu(series_bundle, tmp_path):
