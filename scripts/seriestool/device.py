@@ -63,17 +63,21 @@ CARRY_LIMIT = 64 * 1024 * 1024
 # versions are those pip resolves for vLLM 0.33.0's requirements/common.txt
 # (fastapi < 0.137, starlette >= 1.0.1, openai >= 2.25, pydantic >= 2.12,
 # llguidance 1.7.x, xgrammar == 0.2.8, typing_extensions >= 4.16 for this
-# pydantic); none pins torch above 2.11.  One version each: pip refuses two.
+# pydantic); none pins torch above 2.11.  compressed-tensors (and its loguru):
+# the model-loading tests import model modules that need it.  One version
+# each: pip refuses two.
 WHEELS: tuple[tuple[str, str], ...] = (
     ("annotated-types", "0.8.0"),
     ("apache-tvm-ffi", "0.1.15.post2"),
     ("cachetools", "8.0.2"),
     ("cbor2", "6.3.0"),
+    ("compressed-tensors", "0.17.0"),
     ("fastapi", "0.136.3"),
     ("httpcore2", "2.16.2"),
     ("httpx2", "2.16.2"),
     ("instanttensor", "0.2.2"),
     ("llguidance", "1.7.6"),
+    ("loguru", "0.7.3"),
     ("msgspec", "0.22.0"),
     ("openai", "3.57.0"),
     ("oss-harmony", "0.0.11"),
