@@ -16,7 +16,7 @@ from seriestool import base as base_mod
 def _readme_resign_recipe() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## Proposing a patch upstream", 1)[1]
-    return re.search(r"```sh\n(.*?)\n```", section, re.S).group(1).strip()
+    return re.search(r"```sh\n(git rebase --exec .*?)\n```", section, re.S).group(1).strip()
 
 
 def test_applied_default_checkout_has_no_user_config_and_readme_resign_is_the_users(

@@ -16,6 +16,9 @@ BY_HAND = {
     "INSTANTTENSOR_COPY=0": "GPU-only: serving a model",
     "git rebase --exec": "re-signing in the user's checkout, with the user's identity",
     "git -C work/vllm commit": "editing the series branch: the user's own commit",
+    "git -C work/rebase/": "resolving a rebase conflict by hand",
+    "git add patches SERIES.md": "committing the rebased series in this repository",
+    "git commit -m": "committing the rebased series in this repository",
     "--model-loader-extra-config": "continuation of a vllm serve line",
 }
 GPU_ONLY_TARGETS = {"device-bundle"}  # its block's other lines are device-tool calls (comments)
