@@ -34,6 +34,7 @@ as committer, the user's own git identity.
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from . import base as base_mod
@@ -248,11 +249,16 @@ def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
             + hints.git(repo, "fetch", str(base_mod.base_repo_path(b.project, b.version)), b.commit)
             + " && " + hints.git(repo, "checkout", b.commit) + "\n(after `make base`)"
         )  # fmt: skip
+    # A commit has no sdist to pin: the project's patches/ stays as it is and
+    # the rebased series goes into a copy (rebase refuses otherwise).
+    copy = _patches_arg(patch_dir) or "/tmp/series-copy"
+    rebase = hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=copy)
+    if copy != _patches_arg(patch_dir):
+        rebase = f"cp -r {shlex.quote(f'{patch_dir}/.')} {copy} && {rebase}"
     return (
         f"{repo} is not at the pinned base {b.project} {b.version} (upstream"
         f" {b.upstream_commit}):\n  " + "\n  ".join(differ) + f"\n{way}\nor carry the series"
-        " to this checkout's HEAD with\n    "
-        + hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
+        " to this checkout's HEAD, in a copy of the series folder, with\n    " + rebase
     )
 
 
