@@ -149,8 +149,6 @@ def toy_series(make_repo, tmp_path):
     Returns (repo, manifest, patch_dir): the repo is back on ``main`` at the
     base commit; the manifest pins that commit.
     """
-    from seriestool import export as export_mod
-    from seriestool import manifest as manifest_mod
 
     repo = make_repo("upstream", {
         "pkg/loader.py": "def load(x):\n    return x\n",
@@ -169,27 +167,29 @@ def toy_series(make_repo, tmp_path):
     })  # fmt: skip
     patch_dir = tmp_path / "patches"
     patch_dir.mkdir()
+    manifest = export_work_branch(repo, base, patch_dir)
+    return repo, manifest, patch_dir
+
+
+def export_work_branch(repo: Repo, base: str, patch_dir: Path,
+                       sdist=("toy-1.0.tar.gz", "0" * 64)):  # fmt: skip
+    """Export the commits of branch ``work`` since ``base`` as series 1 of toy
+    1.0 into ``patch_dir`` (``series.json`` beside them), then go back to
+    ``main`` and delete ``work``; returns the manifest."""
+    from seriestool import export as export_mod
+    from seriestool import manifest as manifest_mod
+
     manifest = manifest_mod.Manifest(
-        name="toy",
-        version="1",
-        base=manifest_mod.Base(
-            project="toy",
-            version="1.0",
-            upstream_commit=base[:9],
-            sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64),
-            commit=base,
-            touched_files={},
-        ),  # fmt: skip
-        patches=[],
-        regression_tests=manifest_mod.RegressionTests(),
-    )
+        name="toy", version="1", patches=[], regression_tests=manifest_mod.RegressionTests(),
+        base=manifest_mod.Base("toy", "1.0", base[:9], manifest_mod.Sdist(*sdist), base, {}),
+    )  # fmt: skip
     export_mod.export_series(
         repo.path, manifest, "work", base, patch_dir=patch_dir,
         manifest_path=patch_dir / "series.json", log=lambda *_: None,
     )  # fmt: skip
     repo.git("checkout", "-q", "main")
     repo.git("branch", "-q", "-D", "work")
-    return repo, manifest, patch_dir
+    return manifest
 
 
 # A test double for git, first on PATH: it logs every call and, as the

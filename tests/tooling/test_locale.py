@@ -7,9 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
-from seriestool import export as export_mod
-from seriestool import manifest as manifest_mod
+from conftest import ROOT, export_work_branch
 
 C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
 
@@ -33,16 +31,7 @@ def test_apply_a_series_with_non_ascii_paths_and_text_in_the_c_locale(make_repo,
     repo.git("checkout", "-q", "-b", "work")
     repo.commit("[Loader] caf\u00e9 \u2014 na\u00efve", {name: "X = 'caf\u00e9 cr\u00e8me'\n"})
     patch_dir = tmp_path / "patches"
-    manifest = manifest_mod.Manifest(
-        name="toy", version="1", patches=[], regression_tests=manifest_mod.RegressionTests(),
-        base=manifest_mod.Base("toy", "1.0", base[:9], manifest_mod.Sdist("", ""), base, {}),
-    )  # fmt: skip
-    export_mod.export_series(
-        repo.path, manifest, "work", base, patch_dir=patch_dir,
-        manifest_path=patch_dir / "series.json", log=lambda *_: None,
-    )  # fmt: skip
-    repo.git("checkout", "-q", "main")
-    repo.git("branch", "-q", "-D", "work")
+    export_work_branch(repo, base, patch_dir, sdist=("", ""))
 
     proc = _tool("apply", "--vllm", str(repo.path), "--patches-dir", str(patch_dir))
 

@@ -8,8 +8,7 @@ import shlex
 import shutil
 import subprocess
 
-from conftest import ROOT, Repo
-from seriestool import export as export_mod
+from conftest import ROOT, Repo, export_work_branch
 from seriestool import manifest as manifest_mod
 
 LOADER = "".join(f"line_{n:02d} = {n}\n" for n in range(1, 31))
@@ -42,19 +41,7 @@ def test_not_at_the_base_hint_runs_as_printed(make_repo, tmp_path, make_work_dir
     })  # fmt: skip
     patch_dir = tmp_path / "my patches"
     patch_dir.mkdir()
-    manifest = manifest_mod.Manifest(
-        name="toy", version="1", regression_tests=manifest_mod.RegressionTests(), patches=[],
-        base=manifest_mod.Base(
-            project="toy", version="1.0", upstream_commit=base[:9],
-            sdist=manifest_mod.Sdist("toy-1.0.tar.gz", "0" * 64), commit=base, touched_files={},
-        ),
-    )  # fmt: skip
-    export_mod.export_series(
-        repo.path, manifest, "work", base, patch_dir=patch_dir,
-        manifest_path=patch_dir / "series.json", log=lambda *_: None,
-    )  # fmt: skip
-    repo.git("checkout", "-q", "main")
-    repo.git("branch", "-q", "-D", "work")
+    export_work_branch(repo, base, patch_dir)
     local = repo.commit("local change", {"pkg/loader.py": LOADER.replace("line_25 = 25", "")})
 
     refused = _make("apply", f"VLLM={repo.path}", f"PATCHES={patch_dir}", work=make_work_dir)

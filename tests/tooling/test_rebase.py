@@ -15,7 +15,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, USER, Repo, local_identity, snapshot, user_git, write_sdist
+from conftest import (
+    ROOT,
+    USER,
+    Repo,
+    export_work_branch,
+    local_identity,
+    snapshot,
+    user_git,
+    write_sdist,
+)
 from seriestool import base as base_mod
 from seriestool import check_manifest, patchset, rangediff, seriestest
 from seriestool import export as export_mod
@@ -1157,15 +1166,7 @@ def _one_off_series(make_repo, tmp_path, files: dict[str, str], patches) -> tupl
     for message, changed in patches:
         repo.commit(message, changed)
     patch_dir = tmp_path / "patches"
-    manifest = manifest_mod.Manifest(
-        name="toy", version="1", patches=[], regression_tests=manifest_mod.RegressionTests(),
-        base=manifest_mod.Base("toy", "1.0", base[:9], manifest_mod.Sdist("", ""), base, {}),
-    )  # fmt: skip
-    export_mod.export_series(
-        repo.path, manifest, "work", base, patch_dir=patch_dir,
-        manifest_path=patch_dir / "series.json", log=lambda *_: None,
-    )  # fmt: skip
-    repo.git("checkout", "-q", "main")
+    export_work_branch(repo, base, patch_dir, sdist=("", ""))
     return repo, patch_dir
 
 
