@@ -21,8 +21,8 @@ tests or invisible to the code under test:
   allocation, so this is how its size is read; ``mem_get_info`` confirms it).
 
 With ``--device cpu`` (the tooling tests), the series' pinned host staging
-allocates its buffer as ordinary memory, as the series' own CPU tests do:
-pinning needs a GPU, and the code path is the same.
+reads into ordinary memory, as the series' own CPU tests do: pinning needs a
+GPU, and the code path is the same.
 """
 
 from __future__ import annotations
@@ -239,6 +239,28 @@ def retention_check(enabled: bool):
         weight_utils._check_borrowed_weights_released = original
 
 
+@contextlib.contextmanager
+def ring_policy(half: bool):
+    """With ``half``, the series plans as if the bound were half as large, so
+    that tensors above half the bound are read on CPU and InstantTensor's ring
+    (still the whole bound) always holds two tensors: the ring policy the
+    bounded benchmarks compare with the series' own (tensors above the bound
+    on CPU)."""
+    if not half:
+        yield
+        return
+    plan = weight_utils._plan_instanttensor_runs
+
+    def halved(shards, *, buffer_size, **kwargs):
+        return plan(shards, buffer_size=buffer_size and buffer_size // 2, **kwargs)
+
+    weight_utils._plan_instanttensor_runs = halved
+    try:
+        yield
+    finally:
+        weight_utils._plan_instanttensor_runs = plan
+
+
 def borrowed_attr() -> str:
     """The series' borrowed-tensor marker (its first version's name when the
     tree predates the shared constant)."""
@@ -249,7 +271,8 @@ def op_load(cmd: dict) -> dict:
     """One timed load of a checkpoint folder through DefaultModelLoader.
 
     ``retention_check`` (default true): false disables the series' check that
-    no borrowed tensor outlives its step, for this load only."""
+    no borrowed tensor outlives its step, for this load only; ``half_bound``
+    selects the other ring policy (``ring_policy``)."""
     folder, fmt = cmd["dir"], cmd.get("format", "instanttensor")
     verify = cmd.get("verify", False)
     set_env(cmd.get("env"))
@@ -271,6 +294,7 @@ def op_load(cmd: dict) -> dict:
     with (
         warnings.catch_warnings(record=True) as caught,
         retention_check(cmd.get("retention_check", True)) as check_off,
+        ring_policy(cmd.get("half_bound", False)),
     ):
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -279,8 +303,7 @@ def op_load(cmd: dict) -> dict:
             dest = dests[name]
             dest.copy_(tensor)
             if tensor.device.type == "cpu":
-                # A CPU-fallback tensor is timed to the end of its copy.
-                sync()
+                # Timed to the end of the copy from it (a synchronous copy).
                 cpu_n += 1
                 now = time.perf_counter()
                 cpu_seconds += now - prev
@@ -730,96 +753,64 @@ def op_pinned_read(cmd: dict) -> dict:
     """Read one large tensor of a tmpfs shard and copy it into a preallocated
     GPU tensor, timed to the end of that copy, per method: safetensors'
     ``get_tensor`` (pageable memory) and the series' pinned reader
-    (``weight_utils._PinnedReader``) for each threads x chunk-size pair.
-
-    The reader's pinned buffer is allocated once (timed apart: ``alloc_s``)
-    and shared by the variants, so the grid measures reading and copying.
-    Methods run in interleaved rounds; each method's first result is compared
-    bitwise with the file.  A tree without the reader runs the pageable
-    method only."""
+    (``weight_utils._PinnedReader``, a new one per read, as a load makes one)
+    for each threads x chunk-size pair.  Methods run in interleaved rounds;
+    each method's first result is compared bitwise with the file.  A tree
+    without the reader runs the pageable method only."""
     from safetensors import safe_open
 
     path, name = cmd["file"], cmd["tensor"]
     reps = cmd.get("reps", 5)
     reader_cls = getattr(weight_utils, "_PinnedReader", None)
-    with open(path, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(length))
-    begin, end = header[name]["data_offsets"]
-    nbytes = end - begin
+    info = weight_utils._shard_tensors(path, True)[name] if reader_cls else None
+    nbytes = info.nbytes if info else os.path.getsize(path)
     ref = reference_tensor(path, name).to(DEVICE)
     dest = torch.empty_like(ref)
     sync()
     methods: dict[str, object] = {"safetensors get_tensor (pageable)": None}
     out: dict = {"file": path, "tensor": name, "bytes": nbytes, "reps": reps, "methods": {}}
-    shared = None
     if reader_cls is None:
         out["pinned_reader"] = "absent from this tree"
     else:
-        out["default"] = {"threads": reader_cls.THREADS, "chunk_bytes": reader_cls.CHUNK_BYTES}
-        # Series v3's reader reads at the offsets of the validated header.
-        reader_args = [nbytes]
-        if "shards" in inspect.signature(reader_cls).parameters:
-            reader_args.append({path: weight_utils._shard_tensors(path)})
-        # The cost a process pays once, at its first load with pinned
-        # staging: torch's cache of freed pinned blocks (earlier loads left
-        # one) is emptied where torch can, and the second allocation is made
-        # while the first is alive.
-        empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
-        if DEVICE == "cuda" and empty_host_cache is not None:
-            gc.collect()
-            empty_host_cache()
-        out["host_cache_emptied"] = DEVICE == "cuda" and empty_host_cache is not None
-        t0 = time.perf_counter()
-        first = reader_cls.allocate(nbytes)
-        t1 = time.perf_counter()
-        shared = reader_cls.allocate(nbytes)
-        out["alloc_s"] = [t1 - t0, time.perf_counter() - t1]
-        del first
-        for threads in cmd.get("threads", [1, 4, 8, 16]):
+        defaults = inspect.signature(weight_utils.instanttensor_weights_iterator).parameters
+        out["default"] = {
+            "threads": defaults["read_threads"].default,
+            "chunk_bytes": defaults["read_chunk_bytes"].default,
+        }
+        for threads in cmd.get("threads", [4, 8, 16]):
             for chunk in cmd.get("chunks", [4 * common.MiB, 16 * common.MiB, 64 * common.MiB]):
-                variant = type(
-                    "Variant",
-                    (reader_cls,),
-                    {
-                        "THREADS": threads,
-                        "CHUNK_BYTES": chunk,
-                        "allocate": staticmethod(lambda n, _b=shared: _b[:n]),
-                    },
-                )
                 label = f"pinned reader, {threads} threads, {chunk // common.MiB} MiB chunks"
-                methods[label] = (variant(*reader_args), threads, chunk)
+                methods[label] = (threads, chunk)
     samples: dict[str, list] = {label: [] for label in methods}
     reads: dict[str, list] = {label: [] for label in methods}
     labels = list(methods)
-    try:
-        for r in range(reps):
-            for i in range(len(labels)):
-                label = labels[(r + i) % len(labels)]
-                method = methods[label]
-                t0 = time.perf_counter()
+    for r in range(reps):
+        for i in range(len(labels)):
+            label = labels[(r + i) % len(labels)]
+            method = methods[label]
+            t0 = time.perf_counter()
+            with contextlib.ExitStack() as stack:
                 if method is None:
-                    with safe_open(path, framework="pt", device="cpu") as f:
-                        tensor = f.get_tensor(name)
+                    f = stack.enter_context(safe_open(path, framework="pt", device="cpu"))
+                    tensor = f.get_tensor(name)
                 else:
-                    tensor = method[0](path, name)
+                    reader = stack.enter_context(
+                        reader_cls([(path, info)], 2 * nbytes, method[0], method[1])
+                    )
+                    tensor = reader(path, name)
                 t1 = time.perf_counter()
                 dest.copy_(tensor)
                 sync()
-                samples[label].append(time.perf_counter() - t0)
-                reads[label].append(t1 - t0)
-                entry = out["methods"].setdefault(label, {})
-                if "bitwise_equal" not in entry:
-                    entry["bitwise_equal"] = bool(torch.equal(as_bytes(dest), as_bytes(ref)))
-                    entry["is_pinned"] = DEVICE == "cuda" and bool(tensor.is_pinned())
-                    entry["borrowed_marked"] = bool(getattr(tensor, borrowed_attr(), False))
-                    if method is not None:
-                        entry["threads"], entry["chunk_bytes"] = method[1], method[2]
-                del tensor
-    finally:
-        for method in methods.values():
-            if method is not None:
-                method[0].close()
+            samples[label].append(time.perf_counter() - t0)
+            reads[label].append(t1 - t0)
+            entry = out["methods"].setdefault(label, {})
+            if "bitwise_equal" not in entry:
+                entry["bitwise_equal"] = bool(torch.equal(as_bytes(dest), as_bytes(ref)))
+                entry["is_pinned"] = DEVICE == "cuda" and bool(tensor.is_pinned())
+                entry["borrowed_marked"] = bool(getattr(tensor, borrowed_attr(), False))
+                if method is not None:
+                    entry["threads"], entry["chunk_bytes"] = method
+            del tensor
     for label in labels:
         med = common.median(samples[label])
         entry = out["methods"].setdefault(label, {})
@@ -843,7 +834,7 @@ def op_pinned_read(cmd: dict) -> dict:
             None,
         )
         out["default"]["gb_s"] = default["gb_s"] if default else None
-    del ref, dest, shared
+    del ref, dest
     empty_cache()
     return out
 
@@ -901,11 +892,6 @@ def main() -> int:
             current_platform.current_device = lambda: torch.cuda.current_device()
         else:
             current_platform.current_device = lambda: "cpu"
-            reader = getattr(weight_utils, "_PinnedReader", None)
-            if reader is not None:
-                reader.allocate = staticmethod(
-                    lambda nbytes: torch.empty(nbytes, dtype=torch.uint8)
-                )
     except Exception:
         send({"ready": False, "error": traceback.format_exc()[-4000:]})
         return 1
