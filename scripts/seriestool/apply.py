@@ -169,35 +169,41 @@ def _apply(
             + "\nmove them out of the way and run again"
         )
 
-    tip, commits = _build(repo, head, patches, images, states[-1], paths)
-    summary = _summary(manifest, commits, "applied")
-    start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
-    config = {
-        f"branch.{branch}.{SERIES_BASE_KEY}": head,
-        f"branch.{branch}.{SERIES_FROM_KEY}": start_from,
-    }
-    scope = journal.Scope(
-        paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
-        refs={f"refs/heads/{branch}": [tip]},
-        config=config,
-    )
-    before = [("update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)]
-    before += [("config", key, value) for key, value in config.items()]
-    switch(repo, "apply", head, tip, f"refs/heads/{branch}", scope,
-           {p: {states[-1][p]} for p in created}, log, before)  # fmt: skip
+    # The series' objects wait aside until the checkout is switched to them.
+    with scratch.quarantine(repo) as objects:
+        tip, commits = _build(repo, head, patches, images, states[-1], paths, objects)
+        start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
+        config = {
+            f"branch.{branch}.{SERIES_BASE_KEY}": head,
+            f"branch.{branch}.{SERIES_FROM_KEY}": start_from,
+        }
+        scope = journal.Scope(
+            paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
+            refs={f"refs/heads/{branch}": [tip]},
+            config=config,
+        )
+        before = [("update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)]
+        before += [("config", key, value) for key, value in config.items()]
+        switch(repo, "apply", head, tip, f"refs/heads/{branch}", scope,
+               {p: {states[-1][p]} for p in created}, log, before, objects=objects)  # fmt: skip
     guard.completed()
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
-    log(summary)
+    log(_summary(manifest, commits, "applied"))
     return 0
 
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
-           created: dict[str, set[str]], log, before=(), after=()) -> None:  # fmt: skip
+           created: dict[str, set[str]], log, before=(), after=(),
+           objects: dict[str, str] | None = None) -> None:  # fmt: skip
     """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref, or
     a commit to detach at), with git commands ``before`` and ``after``: one
-    journaled transaction (``created``: paths ``tip`` adds, checked free)."""
+    journaled transaction (``created``: paths ``tip`` adds, checked free;
+    ``objects``: a ``scratch.quarantine`` holding ``tip``, whose objects the
+    checkout keeps only if the switch succeeds)."""
     tx = journal.Transaction.begin(repo, op, created, scope)
+    moved = []
     try:
+        moved = scratch.settle(objects) if objects else []
         for args in before:
             g.git(repo, *args)
         # read-tree, not checkout: it refuses to overwrite untracked and
@@ -215,6 +221,7 @@ def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journ
     except BaseException:
         for note in tx.rollback():
             log(note)
+        scratch.unsettle(moved)
         raise
     tx.commit()
 
@@ -299,9 +306,11 @@ def _build(
     images: list,
     result: dict[str, str | None],
     paths: list[str],
+    objects: dict[str, str],
 ) -> tuple[str, list[str]]:
     """The series' commits on ``start``, made in a scratch repository; their
-    objects are then fetched into ``repo`` (no ref, no file of it changes).
+    objects are then fetched into ``repo``'s quarantine ``objects`` (no ref,
+    no file of it changes).
 
     Raises:
         SeriesError: a patch does not apply (naming it and git's reason), or
@@ -337,7 +346,7 @@ def _build(
             )
         g.git(work, "config", "uploadpack.allowAnySHA1InWant", "true")
         g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
-              str(work), before)  # fmt: skip
+              str(work), before, env=objects)  # fmt: skip
     return before, commits
 
 

@@ -19,6 +19,7 @@ only read.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -95,6 +96,37 @@ def checkout(repo: Path, start: str, paths: Sequence[str]) -> Iterator[Path]:
     """``make_checkout`` in a temporary folder, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="seriestool-scratch-") as tmp:
         yield make_checkout(repo, Path(tmp) / "scratch", start, paths)
+
+
+@contextlib.contextmanager
+def quarantine(repo: Path) -> Iterator[dict[str, str]]:
+    """The environment for git calls whose new objects ``repo`` gains only on
+    ``settle``: until then they wait in a folder of their own, which git reads
+    besides ``repo``'s objects and which is removed when the block ends."""
+    objects = g.common_dir(repo) / "objects"
+    with tempfile.TemporaryDirectory(prefix="tmp_objdir-seriestool-", dir=objects) as tmp:
+        yield {"GIT_OBJECT_DIRECTORY": tmp, "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(objects)}
+
+
+def settle(env: dict[str, str]) -> list[Path]:
+    """Move the objects ``quarantine``'s ``env`` kept aside into the repository
+    (pack indexes last: git counts a pack once its index is there); returns
+    them, for ``unsettle``."""
+    src, dst = Path(env["GIT_OBJECT_DIRECTORY"]), Path(env["GIT_ALTERNATE_OBJECT_DIRECTORIES"])
+    moved = []
+    for path in sorted(src.rglob("*"), key=lambda p: (p.suffix == ".idx", p)):
+        target = dst / path.relative_to(src)
+        if path.is_file() and not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            os.replace(path, target)
+            moved.append(target)
+    return moved
+
+
+def unsettle(moved: list[Path]) -> None:
+    """Remove what ``settle`` moved (no ref may point at it any more): indexes first."""
+    for path in sorted(moved, key=lambda p: p.suffix != ".idx"):
+        path.unlink(missing_ok=True)
 
 
 def sparse_pattern(path: str) -> str:
