@@ -989,9 +989,7 @@ def resume(
             ``force``) the checkout changed in ways the rebase could not have
             made, which putting it back would undo.
     """
-    sess = Session.load()
-    if sess is None:
-        raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
+    sess = _locked_session(guard)
     recover_swap(Path(sess.patch_dir), log)
     if sess.phase in ("running", "swapping"):
         if journal.pid_alive(sess.pid):
@@ -1021,6 +1019,17 @@ def resume(
             current.phase = "conflict" if current.next < len(current.patches) else "applied"
             current.save()
         raise
+
+
+def _locked_session(guard: interrupts.Guard) -> Session:
+    """The open session, its checkout locked as ``start`` locks it."""
+    sess = Session.load()
+    if sess is not None and sess.uses_user_checkout:
+        guard.held.enter_context(journal.locked(Path(sess.user_checkout)))
+        sess = Session.load()  # as a run that held the lock until now left it
+    if sess is None:
+        raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
+    return sess
 
 
 def _finish_conflicted_patch(sess: Session, log: Log) -> None:
@@ -1088,9 +1097,7 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
             ``force``) the checkout changed in ways the rebase could not have
             made, which restoring it would undo (``journal``).
     """
-    sess = Session.load()
-    if sess is None:
-        raise SeriesError("no rebase is in progress: nothing to abort")
+    sess = _locked_session(guard)
     recover_swap(Path(sess.patch_dir), log)
     if sess.phase in ("running", "swapping") and journal.pid_alive(sess.pid):
         raise SeriesError(
