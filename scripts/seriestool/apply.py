@@ -194,12 +194,13 @@ def _apply(
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
            created: dict[str, set[str]], log, before=(), after=(),
-           objects: dict[str, str] | None = None) -> None:  # fmt: skip
+           objects: dict[str, str] | None = None, keep: bool = False) -> None:  # fmt: skip
     """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref, or
     a commit to detach at), with git commands ``before`` and ``after``: one
     journaled transaction (``created``: paths ``tip`` adds, checked free;
     ``objects``: a ``scratch.quarantine`` holding ``tip``, whose objects the
-    checkout keeps only if the switch succeeds)."""
+    checkout keeps only if the switch succeeds; ``keep``: keep the journal, for
+    a session that goes on changing the checkout)."""
     tx = journal.Transaction.begin(repo, op, created, scope)
     moved = []
     try:
@@ -223,7 +224,8 @@ def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journ
             log(note)
         scratch.unsettle(moved)
         raise
-    tx.commit()
+    if not keep:
+        tx.commit()
 
 
 def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:

@@ -551,11 +551,7 @@ def refuse_leftover(repo: Path) -> None:
             f"another seriestool {j.op} (pid {j.pid}) is changing {tx.repo}; wait for it"
         )
     if j.op == "rebase":  # a session keeping a conflict there: only the rebase ends it
-        raise SeriesError(
-            f"a rebase keeping a conflict works in {tx.repo}; finish it with\n"
-            f"    {hints.make('rebase', CONTINUE='1')}\nor undo it with\n"
-            f"    {hints.make('rebase', ABORT='1')}"
-        )
+        raise SeriesError(f"a rebase keeping a conflict works in {tx.repo}; {hints.REBASE_OPEN}")
     raise SeriesError(
         f"an interrupted {j.op} left {tx.repo} part-way (journal {tx.dir}). Undo what that"
         f" {j.op} did, and nothing else, with:\n    {restore_command(tx.repo)}\n(it refuses,"
