@@ -1,34 +1,15 @@
 """``apply``: put the series onto the pinned base, or onto the user's checkout.
 
-Order of checks, each a refusal that changes nothing:
-
-0. the patch files are the manifest's, byte for byte (``check-manifest``): a
-   patch edited by hand would otherwise be applied as if it were the series;
-1. no interrupted apply or rebase left the checkout part-way (``journal``),
-   no am/rebase/merge/cherry-pick is in progress, no staged or unstaged
-   change to tracked files (untracked files are left alone);
-2. the series is not already there: every file the series touches holds the
-   series' result (blob ids compared; the history is not what counts) — if
-   it is, say so and exit 0;
-3. the base is the pinned one: every file the series touches has the blob id
-   the manifest records (or the checkout holds a prefix of the series, or
-   something else: both refused, naming the files);
-4. nothing is in the way of a file the series creates: a file there, ignored
-   or not, is the user's and is never overwritten.
-
-Then the series is built away from the checkout: each patch is applied with
-``git am --3way`` in a scratch repository that reads the checkout's objects
-(``scratch.checkout``), the result is checked file by file against the
-patches' recorded postimages (``placement``), and only then is the checkout
-switched, in one journaled transaction (``journal``): a new branch named
-after the series version and base, the commit the series starts from
-recorded in the branch's git config (``branch.<name>.seriesBase``, read by
-``export``), and the work tree and index moved to the series' tip with
-``git read-tree -m -u`` (which, unlike ``git checkout``, never overwrites an
-untracked or ignored file).  A failure, SIGINT or SIGTERM at any moment rolls
-the checkout back byte for byte; after a SIGKILL a re-run names the one
-command that does.  The commits carry each patch's author and message and,
-as committer, the user's own git identity.
+Refusals change nothing (README: "How make apply changes your checkout"): the
+patch files must be the manifest's, the checkout clean and at the pinned base
+(by the blob ids of the files the series touches; a series already there is
+a success), and no file of the user's where the series creates one.  The
+series is then built in a scratch repository reading the checkout's objects,
+each patch checked against its recorded images (``placement``); only then is
+the checkout switched, in one journaled transaction (``journal``): a new
+branch, its ``branch.<name>.seriesBase`` config (read by ``export``), and the
+work tree and index moved with ``git read-tree -m -u``, which never
+overwrites an untracked or ignored file.
 """
 
 from __future__ import annotations

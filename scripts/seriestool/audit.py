@@ -1,46 +1,14 @@
-"""``check``: audit a consolidated branch against the patch series.
+"""``check``: audit a consolidated branch against the patch series (docs/audit.md).
 
-A fork merges the series as a *consolidated* branch: one commit per patch, or
-squashed, with a test moved between commits or a review fix folded in.  This
-command proves, per patch, that its change is preserved:
-
-- **identical**: a commit in ``BASE..CONSOLIDATED`` has the same verbatim
-  stable patch ID (``git patch-id --verbatim``: indentation is meaning in
-  Python, so an indentation-only change is *not* identical);
-- **combined**: several consecutive patches were squashed into one commit: the
-  combined diff of those patches has the commit's patch ID;
-- **changed**: a counterpart exists, paired the way ``git range-diff`` pairs
-  commits (git's own range-diff does the pairing; only its pair header lines
-  are parsed), and the report shows that pair's range-diff;
-- **missing**: none of the above.
-
-Consolidated commits that touch series-owned files (the union of the paths the
-patches change, as ``git apply --numstat`` reads them) and have no series
-counterpart are **extra**.  Finally the **end state**: every series-owned file
-at the consolidated tip must equal the series' result (mode and blob id); a
-difference is shown as ``git diff``.
-
-Everything is compared on the series-owned paths only: patch IDs come from one
-``git log -p -- <paths> | git patch-id --verbatim`` pipeline per range, and
-range-diff runs on both histories projected onto those paths by git-filter-repo.
-All of it happens in a scratch ``git clone --shared`` in a temporary folder:
-the user's repository, refs, index and work tree are only read.
-
-The command refuses to audit a series whose patch files disagree with the
-manifest (``check_manifest.problems``): a patch edited by hand would otherwise
-become the reference the branch is compared with.
-
-BASE defaults to the pinned base: the materialised base commit, else the
-upstream commit it was made from.  A fork that has neither is told what is
-missing and how to supply it.  When BASE's files are not the patches'
-preimages, the series is placed with ``git am --3way`` and every patch is
-checked against a 3-way merge from its recorded preimage (``placement``);
-without those blobs the audit refuses, naming the files.
-
-Exit status: 0 when every patch is identical or combined, nothing is extra and
-the end state is equal, or every other finding is accepted with ``--accept``;
-1 when a finding is not accepted; 2 when the audit cannot run (bad input,
-including a series that disagrees with its manifest).
+Per patch: **identical** (a commit of ``BASE..CONSOLIDATED`` has its verbatim
+stable patch ID), **combined** (consecutive patches squashed into one commit),
+**changed** (paired as ``git range-diff`` pairs them, on both histories
+projected onto the series' paths by git-filter-repo) or **missing**; commits
+touching series-owned files without a counterpart are **extra**; and the end
+state of every series-owned file is compared with the series' result.  All of
+it runs in a scratch clone: the user's repository is only read.  Exit status
+0 when everything passes or is accepted (``--accept``), 1 on findings, 2 when
+the audit cannot run.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Materialise a vLLM release from its PyPI sdist as a reproducible git base.
 
-The sdist is the reproducible source of a release tree: this module fetches it
-with pip (the ordinary client), checks its sha256, unpacks it and records it as
-one commit whose author, committer, dates and message are fixed, so the commit
-id is the same on every machine.  The result is cached as a bare repository in
-the git-ignored work folder; the second run reuses it.
-
-Fetching: ``pip download`` prepares an sdist's metadata even with
-``--no-deps``.  vLLM's ``setup.py`` then imports torch, setuptools-rust and
-setuptools-scm, so the download runs with ``--no-build-isolation`` from an
-environment that has them (``make venv`` installs them), with
-``VLLM_TARGET_DEVICE=empty`` (no extension build is planned) and
-``VLLM_VERSION_OVERRIDE`` (no git metadata is needed for the version).  With a
-known hash the requirement is passed in ``--require-hashes`` mode, so pip itself
-refuses a mismatch before anything is unpacked; the hash is checked again here.
+The sdist is fetched with pip (``--require-hashes`` when the hash is known,
+checked again here), unpacked and recorded as one commit with a fixed
+identity, dates and message, so its id is the same on every machine; it is
+cached as a bare repository under ``work/base``.  vLLM's ``setup.py`` imports
+torch and friends even for ``pip download``: it runs with
+``--no-build-isolation`` in ``.venv``, ``VLLM_TARGET_DEVICE=empty`` and
+``VLLM_VERSION_OVERRIDE``.
 """
 
 from __future__ import annotations

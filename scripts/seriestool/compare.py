@@ -1,56 +1,12 @@
-"""``compare``: what changed from one version of the series to another.
+"""``compare``: what changed from one version of the series to another (docs/compare.md).
 
-``compare --from <version or commit> [--to <version or commit>]`` finds both
-states of ``patches/`` (``versions``; ``--to`` defaults to the working tree),
-applies each onto the base its own manifest pins (found in ``--vllm``, else
-the base materialised from the sdist, cached under ``work/base``) in one
-scratch checkout (``scratch``: it reads the bases' objects in place, holds
-only the files the patches touch, and checks every patch's result against its
-recorded images), and reports ``git range-diff`` between the two applied
-ranges.  Patches are paired as range-diff pairs them; an old and a new patch
-that range-diff leaves unpaired but that carry the same subject are paired by
-subject, with their own range-diff.  Then the pairing the newer side's
-manifest records (``"series"."previous"``: patch subject -> the subjects of
-the previous version's patches it derives from) pairs a new patch still
-unpaired with the first old patch its entry names that is still unpaired,
-also with its own range-diff (``paired_by="manifest"``): a rewrite that
-changed too much text for range-diff.  A recorded ancestor that is not the
-patch's pair (already paired: the new patch is split from it; or a further
-ancestor of a merge) gets its range-diff too, without being paired again.
-
-Each pair is then classified from git's facts alone:
-
-- ``unchanged`` (``=``), ``new`` (``>``), ``dropped`` (``<``);
-- ``reordered``: its place among the paired patches changed (the fewest
-  patches that explain the new order: those outside the longest run kept in
-  order);
-- for a changed pair (``!``), the change of each file is compared without its
-  context lines (``git patch-id --verbatim`` of ``-U0`` diffs):
-  ``reworded`` when no file's change differs but the message or author does,
-  ``test only`` when only files under ``tests/`` differ, ``contract changed``
-  when any other file does, ``context only`` when nothing but the lines
-  around the change moved;
-- ``split``: two or more new patches carry one old patch's content: its
-  range-diff partner, if any, and new patches most of whose added lines (by
-  length) were added by that old patch; or, as recorded, a new patch left
-  unpaired because the ancestors its ``previous`` entry names are paired
-  already;
-- ``rewritten``: paired as recorded in ``previous`` (then classified as any
-  changed pair); ``merged``: an old patch that a new patch's ``previous``
-  entry names but that is paired with another, and that new patch.
-  The record is authoritative: an old patch named in it is no candidate for
-  the content-based split.
-
-The draft "Changes in vN" section for SERIES.md is rendered by ``changelog``.
-Output is the same on every machine: every git call is hermetic (``git``: no
-user or system configuration, no hooks, output settings pinned) and the
-scratch commits get a fixed committer and date
-(``scratch.REPRODUCIBLE_COMMITTER``), so the commit ids in the range-diff
-depend only on the patches and the bases.  The user's repository is only
-read; the scratch checkout is removed afterwards.
-
-Exit status: 0 when the comparison was made (whatever it found); 2 when it
-could not be made (unknown version, a patch that does not apply, ...).
+Both states of ``patches/`` (``versions``) are applied onto the bases their
+manifests pin, in one scratch checkout (``scratch``) with a fixed committer,
+so the output is the same on every machine; the user's repository is only
+read.  Patches are paired by ``git range-diff``, then by subject, then as the
+newer manifest's ``"previous"`` records; each pair is classified from git's
+facts (``changelog`` holds the kinds and words the draft).  Exit status 0,
+or 2 when the comparison could not be made.
 """
 
 from __future__ import annotations

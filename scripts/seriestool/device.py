@@ -1,31 +1,16 @@
 """``device-bundle``: what the GPU machine needs to qualify the series, in ``.device/``.
 
-The GPU machine has no network and no vLLM: it gets this folder (carried with
-the device tool's ``carry: [".device"]``) and ``scripts/device/`` (tracked,
-travels with the working tree), and ``bash scripts/device/run_all.sh`` does
-the rest there.  Layout::
-
-    .device/
-      bundle.json            what is in it: base, patch IDs, trees, tests, wheels
-      wheels/*.whl           cp312 manylinux x86_64 wheels the GPU image lacks
-      trees/base.tar.xz      the unpatched base: vllm/**, pyproject.toml,
-                             tests/**/__init__.py
-      trees/series.tar.xz    overlay: files the whole series adds or changes
-      trees/before-NNNN.tar.xz
-                             overlay: the series prefix before patch NNNN, plus
-                             NNNN's test file (a negative control: that test is
-                             expected to fail there)
-
-Overlays are unpacked over a fresh copy of the base tree on the device, and
-the files a patch deletes are listed in ``bundle.json``; so the device needs
-neither git nor patch.  Every tree is built here from the materialised base
-(``base.materialise`` + ``base.clone``) with the series applied by
-``patchset.am``, exactly as ``apply`` and ``test-series`` do.
-
-Wheels are fetched with ``pip download --no-deps --only-binary=:all:`` for
-CPython 3.12 on manylinux x86_64, one pinned version each, and cached in
-``work/device-cache`` so a second run needs no network; archives of trees are
-cached there too, keyed by the base commit and the patch IDs.
+The GPU machine has no network and no vLLM: it gets this folder (the device
+tool carries ``.device``) and ``scripts/device/``, where ``run_all.sh`` does
+the rest.  ``bundle.json`` says what is in it: ``wheels/`` (cp312 manylinux
+x86_64 wheels the GPU image lacks, fetched once with ``pip download`` into
+``work/device-cache``) and ``trees/``: the unpatched base (``vllm/**``,
+``pyproject.toml``, ``tests/**/__init__.py``), an overlay of what the series
+adds or changes, and for each negative control an overlay of the series
+before the patch that adds its test.  Overlays are unpacked over a copy of
+the base tree and list the files they delete, so the device needs neither git
+nor patch.  The trees are built from the materialised base with
+``patchset.am``, as ``apply`` builds them, and cached by base and patch IDs.
 """
 
 from __future__ import annotations

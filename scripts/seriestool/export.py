@@ -1,32 +1,14 @@
 """``export``: write a branch of a vLLM checkout back into ``patches/``.
 
-Reproducible: exporting an unchanged branch gives byte-identical files,
-whatever the user's git configuration.  ``git format-patch`` runs in a scratch
-view of the checkout's objects (``scratch.view``: none of the repository's
-config, attributes, notes or replace refs) with the neutral configuration of
-``git.git``, and every option that a ``format.*`` or ``diff.*`` setting
-could change is given on the command line: ``--zero-commit`` (the ``From``
-line carries no commit id, which changes with every rebase),
-``--no-signature`` (no git version footer), ``--full-index`` and
-``--no-renames`` (every file section records both full blob ids, so
-``git am --3way`` can always fall back to a 3-way merge and the placement
-check always has them), ``--no-numbered`` (adding a patch does not rewrite
-every other file), the subject prefix, file-name length and suffix, no
-From/To/Cc/extra headers, attachments, sign-off, base info or notes, and no
-diff order file.  Export also refreshes the manifest: the patch list,
-subjects, stable patch IDs, the sha256 of each file and the base blob id of
-every touched file.  The rest is kept as it was, ``"series"."previous"``
-and ``"groups"`` included, but for the subjects of patches that are gone (no
-patch has that subject any more): those are dropped, with a note.
-
-Refusals, each changing nothing: an empty range (it would delete the series),
-a merge in the range, uncommitted changes under ``patches/`` (they would be
-overwritten), an empty commit (``git am`` stops at an empty patch), and a
-commit message that would not survive ``git am``: a subject ``git mailinfo``
-rewrites (a leading ``Re:`` or ``[PATCH ...]`` tag, whitespace around it),
-or a body it cuts (it ends a message at a line ``---`` or one starting
-``diff -``, so a Markdown-style underline would silently cut the rest of the
-message on the next apply).
+Reproducible whatever the user's git configuration: ``git format-patch`` runs
+in a scratch view of the checkout's objects (``scratch.view``) with every
+option a ``format.*`` or ``diff.*`` setting could change given explicitly
+(``FORMAT_PATCH``: full blob ids, so ``git am --3way`` and the placement
+check always have them; no commit ids, numbering or signature, which change
+for no reason).  The manifest is refreshed with it; its ``previous`` and
+``groups`` are kept but for subjects no patch has any more.  Refused, changing
+nothing: an empty range, a merge, uncommitted changes under ``patches/``, an
+empty commit, and a message ``git am`` would not give back as it is.
 """
 
 from __future__ import annotations

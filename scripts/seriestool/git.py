@@ -1,23 +1,13 @@
 """Thin wrappers around git's own commands, run hermetically.
 
-Every git call of the tooling goes through ``git()``.  It runs git:
-
-- with a neutral configuration: no system or global config file (only the
-  user's ``safe.directory`` entries are carried over, so a repository git
-  trusts stays trusted), and the settings below pinned on the command-line
-  scope, which beats the repository's own config;  hooks and every program a
-  setting can name (``core.fsmonitor``, ``diff.external``, ``gpg.program``,
-  the pager) are off;
-- with the ``GIT_*`` environment cleared except the author and committer
-  identity, and untranslated messages (callers quote git's errors);
-- in a session of its own, so a Ctrl-C at the terminal reaches the tool, which
-  stops at a safe point (``interrupts``), and never a git command half-way.
-
-What stays the user's: the repository's content conversions (``core.autocrlf``,
-``.gitattributes`` filters), since they decide how the user's work tree looks,
-and the identity that commits made in the user's checkout carry
-(``user_identity``).  Output the tool records (patches, patch IDs) is produced
-in scratch repositories that have no such settings (``scratch.view``).
+Every git call of the tooling goes through ``git()``: no system or global
+config (but the user's ``safe.directory`` entries), ``PINNED_CONFIG`` on the
+command-line scope, which beats the repository's own, no hooks and no
+program a setting can name, the ``GIT_*`` environment cleared but for the
+identity, untranslated messages, and a session of its own, so a Ctrl-C
+reaches the tool (``interrupts``), never a git command half-way.  What stays
+the user's: the repository's content conversions (``core.autocrlf``,
+``.gitattributes``), and the identity its commits carry (``user_identity``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """Changes to a user's checkout that are undone exactly, even after a crash.
 
-A ``Transaction`` writes a journal into the checkout's git folder
-(``<git dir>/seriestool-journal/``) before its first change: the raw bytes of
-HEAD, ORIG_HEAD, the index and the config, every ref, the paths the change
-may create, and its ``Scope``: what the change may do (the tracked paths it
-may write and with what, the refs it may create or move, the config keys it
-may set, whether it runs ``git am`` there).  ``rollback()`` puts it all back:
-
-- the work tree: every tracked file whose content differs from the saved
-  index is checked out again from it (with the repository's own
-  conversions, as git first wrote it); a path the transaction created is
-  removed when git wrote it (it is in the index, or holds a blob the change
-  writes there), and the folders made for it when empty.  Untracked and
-  ignored files are never touched: the caller refused to start when one was
-  in the way;
-- the index, HEAD, ORIG_HEAD and config: their saved bytes;
-- refs: those made since are deleted, those moved are put back;
-- an am session and lock files that git left there are removed.
-
-``commit()`` removes the journal: the change stands.  A journal found later
-(the tool was killed) is a leftover: ``refuse_leftover`` names the one
-command that rolls it back (``seriestool restore``).  By then the user may
-have worked in the checkout: ``foreign_changes()`` lists what changed that
-the change could not have made (a ref outside its scope created or moved,
-HEAD on another branch, the config edited, a tracked file outside its
-paths modified, content it never writes), and ``refuse_foreign_changes``
-refuses a rollback that would undo those too, unless the user forces it.
-Objects written into the repository are not removed: unreferenced, they
-change nothing and git prunes them.
+Before its first change a ``Transaction`` writes a journal into the checkout's
+git folder (``seriestool-journal/``): the raw bytes of HEAD, ORIG_HEAD, the
+index and the config, every ref, the paths it may create, and its ``Scope``
+(what the change may write, move or set).  ``rollback()`` puts all of it back:
+tracked files from the saved index (created ones removed when git wrote
+them; untracked and ignored files are never touched), refs, HEAD, index,
+config, and git's leftovers.  ``commit()`` drops the journal.  A journal found
+later is a killed run's: ``refuse_leftover`` names ``seriestool restore``,
+which first refuses (``refuse_foreign_changes``) when the user changed the
+checkout since in ways the change could not have made.  Objects are not
+removed: unreferenced, they change nothing.
 """
 
 from __future__ import annotations

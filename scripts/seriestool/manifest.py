@@ -1,31 +1,15 @@
 """The series manifest, ``patches/series.json``: the pinned base and the patches.
 
-One file records, once, everything the tooling checks against:
-
-- the base: vLLM version, upstream commit (abbreviated, as the sdist's
-  ``vllm/_version.py`` records it), the PyPI sdist name and sha256, the commit
-  id of the materialised base (fixed identity and dates, so identical on every
-  machine) and the git blob id, in the base, of every file the series touches
-  (``null`` for a file the series creates);
-- the patches, in order: file name, subject, stable patch ID
-  (``git patch-id --verbatim``: whitespace counts, since indentation is
-  meaning in Python; it identifies a change across rebases) and the sha256 of
-  the file's bytes (it pins everything else: author, message, line numbers);
-- regression tests: upstream vLLM test files, outside the patches, that cover
-  the touched code and run with every prefix of the series, and the node-id
-  prefixes deselected from them with the reason (network, or failing on the
-  base already);
-- optionally, in ``"series"``, ``"previous"``: which patches of the previous
-  version each patch derives from (patch subject -> list of previous-version
-  subjects: one for a rewrite or a piece split from it, several for a merge),
-  so that ``compare`` pairs a rewrite that ``git range-diff`` cannot.
-  Subjects, not file names, so renumbering and re-export keep it.  Written
-  only when non-empty: a manifest without it round-trips byte for byte.
-- optionally, in ``"series"``, ``"groups"``: the pull requests the series is
-  meant to go upstream as, each ``{"name", "patches" (subjects), "depends"
-  (group names), "upstream" (false: fork-only), "why"}``.  A group is applied
-  onto the base as the patches of the groups it depends on, transitively,
-  then its own, in series order (``group_patches``).
+It records, once, everything the tooling checks against: the base (vLLM
+version, the upstream commit its sdist records, the sdist's name and sha256,
+the commit the sdist is materialised as, and the blob id in it of every file
+the series touches, ``null`` for a file the series creates); the patches in
+order (file, subject, stable patch ID from ``git patch-id --verbatim``, since
+indentation is meaning in Python, and the sha256 of the file's bytes); the
+upstream regression tests run with every prefix, with what they deselect
+and why; and, in ``"series"``, optionally ``"previous"`` (patch subject ->
+the previous version's subjects it derives from, for ``compare``) and
+``"groups"`` (the pull requests the series goes upstream as, for ``pr``).
 """
 
 from __future__ import annotations

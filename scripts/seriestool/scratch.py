@@ -1,19 +1,12 @@
 """Throw-away repositories that read a user's objects and nothing else of theirs.
 
-A scratch repository lives in a temporary folder and borrows the user's
-objects through git's ``objects/info/alternates`` (nothing is copied;
-``add_alternate`` lends it another repository's, e.g. a materialised base).  It
-has none of the user's configuration, hooks, ``info/attributes``, replace
-refs or notes: what git produces there (patches, patch IDs, commits) does not
-depend on how the user set up their repository.  The user's repository is
-only read.
-
-- ``view``: a bare repository, for reading history (``format-patch``,
-  ``log -p``).
-- ``checkout``: a repository with a sparse work tree holding only the given
-  paths at a commit, for ``git am`` (a vLLM tree has thousands of files; the
-  series touches a few); ``apply_patches`` applies a series there, one
-  checked commit per patch.
+A scratch repository borrows objects through ``objects/info/alternates``
+(nothing is copied) and has none of the user's configuration, hooks,
+attributes, replace refs or notes, so what git produces there does not
+depend on how the user set up their repository: ``view`` (bare, for
+reading history) and ``checkout`` (a sparse work tree of the given paths,
+for ``git am``).  ``quarantine`` keeps the objects a change of the user's
+repository writes aside until it succeeds.
 """
 
 from __future__ import annotations

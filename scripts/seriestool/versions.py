@@ -1,13 +1,8 @@
 """Series versions: states of ``patches/`` in this repository's history.
 
-``patches/series.json`` records the version (``"series": {"version": "2"}``).
-Version N is the newest commit, walking back from HEAD through the commits
-that change ``patches/``, whose manifest says N: the last state of the series
-while it was N, with no tag needed.  A commit-ish names one state directly,
-and the working tree's ``patches/`` is a state too.
-
-Everything is read from git objects (``cat-file``, ``rev-list``): the
-repository's checkout, index and refs are never written.
+Version N is the newest commit, from HEAD back through the commits that change
+``patches/``, whose manifest records N; a commit-ish names a state directly,
+and the working tree's ``patches/`` is one too.  All is read from git objects.
 """
 
 from __future__ import annotations
