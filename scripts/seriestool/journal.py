@@ -82,11 +82,8 @@ class Journal:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` (not this one) still runs.
-
-    A zombie (killed or exited, not yet reaped by its parent) does not: it
-    can no longer change anything, though ``kill(pid, 0)`` still finds it.
-    """
+    """Whether process ``pid`` (not this one) still runs: a zombie, which
+    ``kill(pid, 0)`` still finds, can no longer change anything."""
     if pid == os.getpid():
         return False
     try:
@@ -111,16 +108,9 @@ def _zombie(pid: int) -> bool:
 
 @contextlib.contextmanager
 def locked(repo: Path) -> Iterator[None]:
-    """Hold ``repo``'s lock while a command changes it: one at a time per checkout.
-
-    The lock is ``flock`` on the checkout's git folder itself: no file is
-    written, and the kernel releases it when the holder ends however it
-    ends, so a killed run never leaves a stale lock (what it left part-way
-    is the journal's, and the next run names the command that undoes it).
-
-    Raises:
-        SeriesError: another process holds it; names that process.
-    """
+    """Hold ``repo``'s lock while a command changes it: one at a time per checkout,
+    a second refused naming the first.  ``flock`` on the checkout's git folder:
+    no file is written, and the kernel releases it however its holder ends."""
     if not g.is_repo(repo):  # nothing to lock: the command itself refuses it
         yield
         return
@@ -205,12 +195,8 @@ class Transaction:
 
     @classmethod
     def begin(cls, repo: Path, op: str, created: dict[str, set[str]], scope: Scope) -> Transaction:
-        """Journal ``repo``'s state before ``op`` changes it.
-
-        ``created``: paths HEAD lacks that the change may write, each with the
-        blob ids it may write there; the caller checked they are free.
-        ``scope``: all the change may do (``created`` among its paths).
-        """
+        """Journal ``repo``'s state before ``op`` changes it (``created``: paths HEAD
+        lacks, checked free, with the blob ids the change may write there)."""
         repo = g.toplevel(repo)
         gdir, cdir = g.git_dir(repo), g.common_dir(repo)
         index, orig_head = gdir / "index", gdir / "ORIG_HEAD"
@@ -266,24 +252,15 @@ class Transaction:
         shutil.rmtree(self.dir)
 
     def rollback(self, keep_refs=()) -> list[str]:
-        """Put the checkout back as journaled; returns notes on anything left.
-
-        It undoes whatever changed since the journal, the change's work or
-        not: where the user may have worked since (a leftover journal), call
-        ``refuse_foreign_changes`` first.  ``keep_refs``: refs the change made
-        that stay (e.g. a branch holding a finished rebase).
-        """
+        """Put the checkout back as journaled, whatever changed since (see
+        ``refuse_foreign_changes``); returns notes on anything left.  ``keep_refs``:
+        refs the change made that stay (a branch holding a finished rebase)."""
         with interrupts.shielded():
             return self._rollback(set(keep_refs))
 
     def refuse_foreign_changes(self, force_command: str) -> None:
-        """Refuse when a rollback would undo more than the change's own work.
-
-        Raises:
-            SeriesError: the checkout changed in ways the change could not
-                have made; the message lists them and ``force_command``, the
-                command that rolls back anyway.  Nothing is changed.
-        """
+        """Refuse, naming ``force_command``, when a rollback would undo more than
+        the change's own work."""
         found = self.foreign_changes()
         if found:
             op = self.journal.op
@@ -402,11 +379,8 @@ class Transaction:
         return found
 
     def _changed_files(self, tmp: Path) -> list[str]:
-        """Tracked files (of the saved index) whose content differs from it.
-
-        Read with a refreshed copy of the saved index, left in ``tmp/index``:
-        file stats alone (a copied checkout, a touched file) do not count.
-        """
+        """Tracked files whose content differs from the saved index (read with a
+        refreshed copy of it, left in ``tmp/index``: file stats alone do not count)."""
         if not self.journal.had_index:
             return []
         # copy2: the index keeps its mtime, by which git tells a file changed
@@ -519,12 +493,8 @@ def _config_entries(repo: Path, config: Path) -> list[tuple[str, str]]:
 
 
 def refuse_leftover(repo: Path) -> None:
-    """Refuse to work on a checkout an interrupted change left part-way.
-
-    Raises:
-        SeriesError: a journal is there; the message names the one command
-            that restores the checkout (or, if its process still runs, says so).
-    """
+    """Refuse a checkout an interrupted change left part-way, naming the one
+    command that restores it."""
     tx = Transaction.load(repo)
     if tx is None:
         return
