@@ -74,15 +74,8 @@ def apply_series(
     patch_dir: Path = manifest_mod.PATCH_DIR,
     log=print,
 ) -> int:
-    """Apply the series onto ``repo``'s HEAD on a new branch; see module doc.
-
-    Returns:
-        0 when applied or already applied.
-
-    Raises:
-        SeriesError: a refusal or a failed patch; the checkout is unchanged.
-        interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; the checkout is unchanged.
-    """
+    """Apply the series onto ``repo``'s HEAD on a new branch (see the module doc);
+    0 when applied or already there.  A refusal, failure or signal changes nothing."""
     with interrupts.deferred() as guard, journal.locked(Path(repo)):
         return _apply(Path(repo), manifest, Path(patch_dir), log, guard)
 
@@ -291,14 +284,8 @@ def _build(
     paths: list[str],
     objects: dict[str, str],
 ) -> tuple[str, list[str]]:
-    """The series' commits on ``start``, made in a scratch repository; their
-    objects are then fetched into ``repo``'s quarantine ``objects`` (no ref,
-    no file of it changes).
-
-    Raises:
-        SeriesError: a patch does not apply (naming it and git's reason), or
-            the result is not the series' (naming the file).
-    """
+    """The series' commits on ``start``, made in a scratch repository, then fetched
+    into ``repo``'s quarantine ``objects`` (no ref, no file of it changes)."""
     identity = g.user_identity(repo)
     with scratch.checkout(repo, start, paths) as work:
         commits = []

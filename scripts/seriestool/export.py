@@ -39,11 +39,7 @@ FORMAT_PATCH = (
 
 
 def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]:
-    """``git format-patch`` ``base..tip`` into ``out_dir``; returns the files in order.
-
-    Raises:
-        SeriesError: the range holds a merge commit (a series is linear).
-    """
+    """``git format-patch`` ``base..tip`` (linear) into ``out_dir``; returns the files."""
     base, tip = (
         g.out(repo, "rev-parse", "--verify", f"{base}^{{commit}}"),
         g.out(repo, "rev-parse", "--verify", f"{tip}^{{commit}}"),
@@ -64,17 +60,8 @@ def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]
 
 
 def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
-    """Refuse a commit whose message ``git am`` would not reproduce.
-
-    Compares the commit's subject and body with what ``git mailinfo`` (the
-    parser behind ``git am``, with the ``--keep-non-patch`` the series is
-    applied with) extracts from the patch file.
-
-    Raises:
-        SeriesError: the commit is empty (git am stops at an empty patch), or
-            git am would rewrite its subject or cut its body; naming the
-            commit, what git am would make of it, and the fix.
-    """
+    """Refuse an empty commit (git am stops at it), or one whose subject or body
+    ``git mailinfo`` (what ``git am`` reads a patch with) would not give back."""
     what = f"commit {commit[:12]} ({patch.name})"
     if g.out(repo, "rev-parse", f"{commit}^{{tree}}") == g.out(
         repo, "rev-parse", f"{commit}^^{{tree}}"
@@ -134,11 +121,8 @@ def refresh_manifest(
     patch_files: list[Path],
     log: Callable[[str], object] = print,
 ) -> manifest_mod.Manifest:
-    """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``.
-
-    ``previous`` and the groups are carried over as they are, but for subjects
-    no patch has any more: those are dropped, each with a note to ``log``.
-    """
+    """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``
+    (``previous`` and the groups kept, but for subjects no patch has any more)."""
     manifest.patches = [
         manifest_mod.PatchEntry(
             file=p.name,
@@ -189,14 +173,8 @@ def export_series(
     *,
     guard: interrupts.Guard,
 ) -> list[Path]:
-    """Export ``base..branch`` of ``repo`` into ``patch_dir`` and refresh the manifest.
-
-    Files are formatted into a temporary folder first; ``patch_dir`` is only
-    changed once everything succeeded.
-
-    Raises:
-        SeriesError: unknown branch or base, or a merge in the range.
-    """
+    """Export ``base..branch`` of ``repo`` into ``patch_dir`` and refresh the manifest;
+    ``patch_dir`` changes only once everything succeeded."""
     if not g.rev(repo, branch):
         raise SeriesError(
             f"{repo} has no branch or commit {branch!r} (BRANCH=): name the series branch there"

@@ -125,13 +125,9 @@ def normalise(subject: str) -> str:
 
 
 def previous_problems(manifest: Manifest) -> list[str]:
-    """What is wrong with ``manifest.previous`` (empty: nothing).
-
-    Every key must be the subject of one of the manifest's patches (compared
-    with whitespace normalised), at most once; every value a non-empty list
-    of subjects.  The values name the previous version's patches, which this
-    manifest does not list: ``compare`` reports one that names no patch there.
-    """
+    """What is wrong with ``manifest.previous``: each key must be a patch's subject,
+    once; each value a non-empty list of subjects (of the previous version's
+    patches, which ``compare`` checks)."""
     field = '"series"."previous"'
     if not isinstance(manifest.previous, dict):
         return [
@@ -166,11 +162,7 @@ def previous_problems(manifest: Manifest) -> list[str]:
 
 def group_patches(manifest: Manifest, name: str) -> list[PatchEntry]:
     """The patches group ``name`` is applied as, in series order: its own and
-    those of the groups it depends on, transitively.
-
-    Raises:
-        SeriesError: an unknown group (listing the groups) or a dependency cycle.
-    """
+    those of the groups it depends on, transitively (a cycle is refused)."""
     groups = {group.name: group for group in manifest.groups}
     subjects: set[str] = set()
 
@@ -190,13 +182,9 @@ def group_patches(manifest: Manifest, name: str) -> list[PatchEntry]:
 
 
 def group_problems(manifest: Manifest) -> list[str]:
-    """What is wrong with ``manifest.groups`` (empty: nothing, or no groups).
-
-    Every patch is in exactly one group, every subject a group names is a
-    patch's, every dependency a group, with no cycle, and every group's
-    patches come after those of the groups it depends on (so applying the
-    set in series order applies the dependencies first).
-    """
+    """What is wrong with ``manifest.groups``: every patch must be in one group,
+    every subject a group names a patch's, every dependency a group (no cycle),
+    and a group's patches after those of the groups it depends on."""
     subjects = {normalise(p.subject): n for n, p in enumerate(manifest.patches)}
     names = [group.name for group in manifest.groups]
     found = [f"two groups are named {n!r}" for n in sorted(set(names)) if names.count(n) > 1]
@@ -231,13 +219,7 @@ def group_problems(manifest: Manifest) -> list[str]:
 
 
 def load(path: Path = MANIFEST_PATH) -> Manifest:
-    """Read and validate the manifest.
-
-    Raises:
-        SeriesError: the file is missing, not JSON, or lacks a field, or its
-            ``"previous"`` names a subject none of its patches has; the
-            message names the file and the field (or the subject).
-    """
+    """Read and validate the manifest; a refusal names the file and the field."""
     try:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:

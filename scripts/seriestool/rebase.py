@@ -325,17 +325,8 @@ def start(
     *,
     guard: interrupts.Guard,
 ) -> int:
-    """Rebase the series in ``patch_dir`` onto ``to``; see the module doc.
-
-    Returns:
-        0 when the series was rebased and ``patch_dir`` replaced.
-
-    Raises:
-        SeriesError: a refusal (bad target, inconsistent series, a session in
-            progress), a conflict (after the report is written; with
-            ``keep_conflict`` the session stays open), or failing tests;
-            ``patch_dir`` is unchanged in every case.
-    """
+    """Rebase the series in ``patch_dir`` onto ``to`` (see the module doc): 0 once
+    ``patch_dir`` is replaced; else a refusal, with ``patch_dir`` unchanged."""
     patch_dir = _layout(patch_dir, log)
     _clear_stale_session(log)
     manifest = manifest_mod.load(patch_dir / MANIFEST)

@@ -18,13 +18,7 @@ from .errors import SeriesError
 
 
 def restore(repo: Path, force: bool = False, log=print) -> int:
-    """Roll back the journal left in ``repo``; 0 also when there is none.
-
-    Raises:
-        SeriesError: ``repo`` is no checkout, the journal's process still
-            runs, or (unless ``force``) the checkout changed since in ways the
-            interrupted command could not have made.
-    """
+    """Roll back the journal left in ``repo``; 0 also when there is none."""
     if not g.is_repo(repo):
         raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name the checkout to restore")
     with journal.locked(repo):  # the command that is changing it, if any, restores it itself

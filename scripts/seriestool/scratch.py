@@ -137,20 +137,9 @@ def apply_patches(
     ours: str,
     env: dict[str, str] | None = None,
 ) -> list[str]:
-    """``git am --3way`` each patch onto HEAD of scratch ``checkout``: one commit per patch.
-
-    Each commit is checked against the patch's recorded pre- and postimages
-    (``placement``; ``images``: ``patchset.images`` of the patches).  ``ours``
-    names HEAD in the messages (e.g. "its pinned base"); ``env``: the
-    committer, e.g. ``REPRODUCIBLE_COMMITTER``.
-
-    Returns:
-        The commits, in patch order.
-
-    Raises:
-        SeriesError: a patch does not apply, made no commit, or does not give
-            its recorded result; the message names the patch.
-    """
+    """``git am --3way`` each patch onto HEAD of scratch ``checkout``, each commit
+    checked against the patch's recorded images (``placement``); returns the
+    commits.  ``ours`` names HEAD in the refusals; ``env``: the committer."""
     commits: list[str] = []
     before = g.out(checkout, "rev-parse", "HEAD")
     for path, image in zip(patch_files, images, strict=True):

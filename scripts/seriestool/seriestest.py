@@ -120,14 +120,9 @@ def check_prefixes(
     only_full: bool = False,
     base_repo: Path | None = None,
 ) -> int:
-    """Run the prefix checks, then each upstream group's (``group_plan``);
-    returns 0 when every prefix and group applies and passes.
-
-    Args:
-        base_repo: a repository whose ``base`` branch is the base to test on
-            (e.g. a rebase onto an upstream commit that has no sdist); by
-            default the manifest's base is materialised from its sdist.
-    """
+    """Run the prefix checks, then each upstream group's (``group_plan``); 0 when all
+    apply and pass.  ``base_repo``: a repository whose ``base`` branch is the base
+    (a rebase onto a commit, which has no sdist); else the pinned one."""
     if not manifest.patches:
         print("the series is empty: no vLLM-side tests to run")
         return 0
