@@ -1,34 +1,15 @@
 """``apply``: put the series onto the pinned base, or onto the user's checkout.
 
-Order of checks, each a refusal that changes nothing:
-
-0. the patch files are the manifest's, byte for byte (``check-manifest``): a
-   patch edited by hand would otherwise be applied as if it were the series;
-1. no interrupted apply or rebase left the checkout part-way (``journal``),
-   no am/rebase/merge/cherry-pick is in progress, no staged or unstaged
-   change to tracked files (untracked files are left alone);
-2. the series is not already there: every file the series touches holds the
-   series' result (blob ids compared; the history is not what counts) — if
-   it is, say so and exit 0;
-3. the base is the pinned one: every file the series touches has the blob id
-   the manifest records (or the checkout holds a prefix of the series, or
-   something else: both refused, naming the files);
-4. nothing is in the way of a file the series creates: a file there, ignored
-   or not, is the user's and is never overwritten.
-
-Then the series is built away from the checkout: each patch is applied with
-``git am --3way`` in a scratch repository that reads the checkout's objects
-(``scratch.checkout``), the result is checked file by file against the
-patches' recorded postimages (``placement``), and only then is the checkout
-switched, in one journaled transaction (``journal``): a new branch named
-after the series version and base, the commit the series starts from
-recorded in the branch's git config (``branch.<name>.seriesBase``, read by
-``export``), and the work tree and index moved to the series' tip with
-``git read-tree -m -u`` (which, unlike ``git checkout``, never overwrites an
-untracked or ignored file).  A failure, SIGINT or SIGTERM at any moment rolls
-the checkout back byte for byte; after a SIGKILL a re-run names the one
-command that does.  The commits carry each patch's author and message and,
-as committer, the user's own git identity.
+Refusals change nothing (README: "How make apply changes your checkout"): the
+patch files must be the manifest's, the checkout clean and at the pinned base
+(by the blob ids of the files the series touches; a series already there is
+a success), and no file of the user's where the series creates one.  The
+series is then built in a scratch repository reading the checkout's objects,
+each patch checked against its recorded images (``placement``); only then is
+the checkout switched, in one journaled transaction (``journal``): a new
+branch, its ``branch.<name>.seriesBase`` config (read by ``export``), and the
+work tree and index moved with ``git read-tree -m -u``, which never
+overwrites an untracked or ignored file.
 """
 
 from __future__ import annotations
@@ -93,15 +74,8 @@ def apply_series(
     patch_dir: Path = manifest_mod.PATCH_DIR,
     log=print,
 ) -> int:
-    """Apply the series onto ``repo``'s HEAD on a new branch; see module doc.
-
-    Returns:
-        0 when applied or already applied.
-
-    Raises:
-        SeriesError: a refusal or a failed patch; the checkout is unchanged.
-        interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; the checkout is unchanged.
-    """
+    """Apply the series onto ``repo``'s HEAD on a new branch (see the module doc);
+    0 when applied or already there.  A refusal, failure or signal changes nothing."""
     with interrupts.deferred() as guard, journal.locked(Path(repo)):
         return _apply(Path(repo), manifest, Path(patch_dir), log, guard)
 
@@ -169,35 +143,42 @@ def _apply(
             + "\nmove them out of the way and run again"
         )
 
-    tip, commits = _build(repo, head, patches, images, states[-1], paths)
-    summary = _summary(manifest, commits, "applied")
-    start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
-    config = {
-        f"branch.{branch}.{SERIES_BASE_KEY}": head,
-        f"branch.{branch}.{SERIES_FROM_KEY}": start_from,
-    }
-    scope = journal.Scope(
-        paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
-        refs={f"refs/heads/{branch}": [tip]},
-        config=config,
-    )
-    before = [("update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)]
-    before += [("config", key, value) for key, value in config.items()]
-    switch(repo, "apply", head, tip, f"refs/heads/{branch}", scope,
-           {p: {states[-1][p]} for p in created}, log, before)  # fmt: skip
+    # The series' objects wait aside until the checkout is switched to them.
+    with scratch.quarantine(repo) as objects:
+        tip, commits = _build(repo, head, patches, images, states[-1], paths, objects)
+        start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
+        config = {
+            f"branch.{branch}.{SERIES_BASE_KEY}": head,
+            f"branch.{branch}.{SERIES_FROM_KEY}": start_from,
+        }
+        scope = journal.Scope(
+            paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
+            refs={f"refs/heads/{branch}": [tip]},
+            config=config,
+        )
+        before = [("update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)]
+        before += [("config", key, value) for key, value in config.items()]
+        switch(repo, "apply", head, tip, f"refs/heads/{branch}", scope,
+               {p: {states[-1][p]} for p in created}, log, before, objects=objects)  # fmt: skip
     guard.completed()
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
-    log(summary)
+    log(_summary(manifest, commits, "applied"))
     return 0
 
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
-           created: dict[str, set[str]], log, before=(), after=()) -> None:  # fmt: skip
+           created: dict[str, set[str]], log, before=(), after=(),
+           objects: dict[str, str] | None = None, keep: bool = False) -> None:  # fmt: skip
     """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref, or
     a commit to detach at), with git commands ``before`` and ``after``: one
-    journaled transaction (``created``: paths ``tip`` adds, checked free)."""
+    journaled transaction (``created``: paths ``tip`` adds, checked free;
+    ``objects``: a ``scratch.quarantine`` holding ``tip``, whose objects the
+    checkout keeps only if the switch succeeds; ``keep``: keep the journal, for
+    a session that goes on changing the checkout)."""
     tx = journal.Transaction.begin(repo, op, created, scope)
+    moved = []
     try:
+        moved = scratch.settle(objects) if objects else []
         for args in before:
             g.git(repo, *args)
         # read-tree, not checkout: it refuses to overwrite untracked and
@@ -215,8 +196,10 @@ def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journ
     except BaseException:
         for note in tx.rollback():
             log(note)
+        scratch.unsettle(moved)
         raise
-    tx.commit()
+    if not keep:
+        tx.commit()
 
 
 def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
@@ -299,14 +282,10 @@ def _build(
     images: list,
     result: dict[str, str | None],
     paths: list[str],
+    objects: dict[str, str],
 ) -> tuple[str, list[str]]:
-    """The series' commits on ``start``, made in a scratch repository; their
-    objects are then fetched into ``repo`` (no ref, no file of it changes).
-
-    Raises:
-        SeriesError: a patch does not apply (naming it and git's reason), or
-            the result is not the series' (naming the file).
-    """
+    """The series' commits on ``start``, made in a scratch repository, then fetched
+    into ``repo``'s quarantine ``objects`` (no ref, no file of it changes)."""
     identity = g.user_identity(repo)
     with scratch.checkout(repo, start, paths) as work:
         commits = []
@@ -337,7 +316,7 @@ def _build(
             )
         g.git(work, "config", "uploadpack.allowAnySHA1InWant", "true")
         g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
-              str(work), before)  # fmt: skip
+              str(work), before, env=objects)  # fmt: skip
     return before, commits
 
 

@@ -1,46 +1,14 @@
-"""``check``: audit a consolidated branch against the patch series.
+"""``check``: audit a consolidated branch against the patch series (docs/audit.md).
 
-A fork merges the series as a *consolidated* branch: one commit per patch, or
-squashed, with a test moved between commits or a review fix folded in.  This
-command proves, per patch, that its change is preserved:
-
-- **identical**: a commit in ``BASE..CONSOLIDATED`` has the same verbatim
-  stable patch ID (``git patch-id --verbatim``: indentation is meaning in
-  Python, so an indentation-only change is *not* identical);
-- **combined**: several consecutive patches were squashed into one commit: the
-  combined diff of those patches has the commit's patch ID;
-- **changed**: a counterpart exists, paired the way ``git range-diff`` pairs
-  commits (git's own range-diff does the pairing; only its pair header lines
-  are parsed), and the report shows that pair's range-diff;
-- **missing**: none of the above.
-
-Consolidated commits that touch series-owned files (the union of the paths the
-patches change, as ``git apply --numstat`` reads them) and have no series
-counterpart are **extra**.  Finally the **end state**: every series-owned file
-at the consolidated tip must equal the series' result (mode and blob id); a
-difference is shown as ``git diff``.
-
-Everything is compared on the series-owned paths only: patch IDs come from one
-``git log -p -- <paths> | git patch-id --verbatim`` pipeline per range, and
-range-diff runs on both histories projected onto those paths by git-filter-repo.
-All of it happens in a scratch ``git clone --shared`` in a temporary folder:
-the user's repository, refs, index and work tree are only read.
-
-The command refuses to audit a series whose patch files disagree with the
-manifest (``check_manifest.problems``): a patch edited by hand would otherwise
-become the reference the branch is compared with.
-
-BASE defaults to the pinned base: the materialised base commit, else the
-upstream commit it was made from.  A fork that has neither is told what is
-missing and how to supply it.  When BASE's files are not the patches'
-preimages, the series is placed with ``git am --3way`` and every patch is
-checked against a 3-way merge from its recorded preimage (``placement``);
-without those blobs the audit refuses, naming the files.
-
-Exit status: 0 when every patch is identical or combined, nothing is extra and
-the end state is equal, or every other finding is accepted with ``--accept``;
-1 when a finding is not accepted; 2 when the audit cannot run (bad input,
-including a series that disagrees with its manifest).
+Per patch: **identical** (a commit of ``BASE..CONSOLIDATED`` has its verbatim
+stable patch ID), **combined** (consecutive patches squashed into one commit),
+**changed** (paired as ``git range-diff`` pairs them, on both histories
+projected onto the series' paths by git-filter-repo) or **missing**; commits
+touching series-owned files without a counterpart are **extra**; and the end
+state of every series-owned file is compared with the series' result.  All of
+it runs in a scratch clone: the user's repository is only read.  Exit status
+0 when everything passes or is accepted (``--accept``), 1 on findings, 2 when
+the audit cannot run.
 """
 
 from __future__ import annotations
@@ -59,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, hints, interrupts, patchset, placement, rangediff
+from . import check_manifest, hints, interrupts, patchset, rangediff
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
@@ -194,21 +162,9 @@ def audit(
     creation_factor: int | None = None,
     pinned: manifest_mod.Base | None = None,
 ) -> Report:
-    """Audit ``BASE..CONSOLIDATED`` of ``repo`` against the series ``patch_files``.
-
-    ``pinned``: the manifest's base, named in the advice when BASE lacks the
-    blobs the series needs.
-
-    Only reads ``repo``; all writing happens in a scratch clone that is removed
-    afterwards.
-
-    Raises:
-        SeriesError: ``repo`` is not a git repository, a ref does not resolve,
-            BASE is not an ancestor of CONSOLIDATED, a patch file is missing or
-            does not apply on BASE, git-filter-repo is not installed (only
-            needed when some patch is not identical), or an ``--accept`` names
-            nothing the audit knows.
-    """
+    """Audit ``BASE..CONSOLIDATED`` of ``repo`` against the series ``patch_files``
+    (``pinned``: the manifest's base, for the advice when BASE lacks blobs the
+    series needs); raises SeriesError when the audit cannot run."""
     started = time.monotonic()
     repo = Path(repo)
     if g.git(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
@@ -248,27 +204,24 @@ def audit(
             # One pipeline over the whole consolidated range; commits touching
             # no series path are skipped by git itself.
             cons_ids = patchset.commit_patch_ids(scratch, f"{base}..{cons}", pathspecs)
-            series_commits = _apply_series(scratch, base, patch_files, images)
+            try:
+                series_commits = scratch_mod.apply_patches(scratch, patch_files, images, "BASE")
+            except SeriesError as e:
+                raise SeriesError(
+                    f"{e}\nso the series' result cannot be built: name the commit the series is"
+                    " based on with BASE= (--base), or rebase the series"
+                ) from None
             g.git(scratch, "update-ref", _SERIES_REF, series_commits[-1])
             g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
             extra, files = _classify(
                 scratch, base, series_commits, cons, paths, cons_ids, results,
                 creation_factor, Path(tmp),
             )  # fmt: skip
-    n_cons = len(cons_ids)
-
     report = Report(
-        repo=str(repo),
-        base=base,
-        consolidated_ref=consolidated_ref,
-        consolidated=cons,
-        series_paths=paths,
-        patches=results,
-        extra=extra,
-        files=files,
-        accepts=list(accepts),
-        consolidated_commits=n_cons,
-    )
+        repo=str(repo), base=base, consolidated_ref=consolidated_ref, consolidated=cons,
+        series_paths=paths, patches=results, extra=extra, files=files, accepts=list(accepts),
+        consolidated_commits=len(cons_ids),
+    )  # fmt: skip
     _apply_accepts(report, repo)
     report.seconds = time.monotonic() - started
     return report
@@ -327,13 +280,10 @@ def _find_combined(
     unclaimed: dict[str, str],
     pathspecs: list[str],
 ) -> None:
-    """Mark runs of consecutive unmatched patches squashed into one commit.
-
-    For each run i..j (two patches or more) a synthetic commit with the tree of
-    patch j on the parent of patch i carries exactly their combined diff; its
-    patch ID is compared with the unclaimed consolidated commits.  Longest
-    runs are tried first, so a squash of three is not reported as two.
-    """
+    """Mark runs of consecutive unmatched patches squashed into one commit: a
+    synthetic commit of the tree of patch j on the parent of patch i carries
+    their combined diff, whose patch ID an unclaimed commit may have (longest
+    runs first, so a squash of three is not reported as two)."""
     if not unclaimed:
         return
     unmatched = [i for i, r in enumerate(results) if r.status == MISSING and r.patch_id]
@@ -386,22 +336,14 @@ def _pair_with_range_diff(
     creation_factor: int | None,
     tmp: Path,
 ) -> None:
-    """Pair still-missing patches with unclaimed commits through ``git range-diff``.
-
-    Both histories are first projected onto the series paths with
-    git-filter-repo (scratch clone only), so unrelated files neither disturb
-    the pairing nor show in the range-diff.  Pairs are taken only when both
-    sides are still unclaimed; their range-diff body becomes the report's.
-    """
+    """Pair still-missing patches with unclaimed commits as ``git range-diff`` of
+    both histories, projected onto the series paths (``_project``), pairs them."""
     old_of = _project(scratch, base, paths, tmp)
     proj_series = g.out(scratch, "rev-parse", _SERIES_REF)
     proj_cons = g.out(scratch, "rev-parse", _CONSOLIDATED_REF)
     left = sorted(g.rev_list(scratch, f"{base}..{proj_series}"))
     right = sorted(g.rev_list(scratch, f"{base}..{proj_cons}"))
-    args = ["range-diff", "--no-color"]
-    if creation_factor is not None:
-        args.append(f"--creation-factor={creation_factor}")
-    text = g.out(scratch, *args, f"{base}..{proj_series}", f"{base}..{proj_cons}")
+    text = rangediff.range_diff(scratch, base, proj_series, base, proj_cons, creation_factor)
 
     series_index = {c: i for i, c in enumerate(series_commits)}
     for pair in rangediff.parse(text):
@@ -417,11 +359,8 @@ def _pair_with_range_diff(
         del unclaimed[rold]
         result.status, result.commits = CHANGED, [rold]
         result.range_diff = pair.body
-        result.note = (
-            "range-diff below"
-            if pair.body.strip()
-            else "IDs differ; range-diff shows no difference"
-        )
+        same = "IDs differ; range-diff shows no difference"
+        result.note = "range-diff below" if pair.body.strip() else same
 
 
 def _by_prefix(commits: list[str], prefix: str | None) -> str | None:
@@ -478,11 +417,7 @@ def fetch_advice(repo: Path, pinned: manifest_mod.Base) -> str:
 
 def default_base(repo: Path, pinned: manifest_mod.Base) -> str:
     """The pinned base in ``repo``: the materialised base commit, else the
-    upstream commit it was made from.
-
-    Raises:
-        SeriesError: neither is there; says what is missing and how to supply it.
-    """
+    upstream commit it was made from (else a refusal saying how to get it)."""
     for ref in (pinned.commit, pinned.upstream_commit):
         if ref and (commit := g.rev(repo, ref)):
             return commit
@@ -497,11 +432,7 @@ def _refuse_unplaceable(
     repo: Path, base_ref: str, base: str, images, pinned: manifest_mod.Base | None
 ) -> None:
     """Refuse a BASE whose files are not the series' preimages when ``repo``
-    lacks those preimage blobs: no 3-way merge could place the series there.
-
-    Raises:
-        SeriesError: naming each file, the blob BASE has and the one it lacks.
-    """
+    lacks those preimage blobs: no 3-way merge could place the series there."""
     first: dict[str, patchset.Entry | None] = {}
     for image in images:
         for path, (pre, _post) in image.items():
@@ -519,48 +450,8 @@ def _refuse_unplaceable(
         raise SeriesError(
             f"BASE {base_ref} ({base[:12]}) is not the series' base, and the repository"
             " lacks the blobs a 3-way merge would place the series with:\n  "
-            + "\n  ".join(lacking)
-            + "\n"
-            + advice
-        )
-
-
-def _apply_series(scratch: Path, base: str, patch_files: Sequence[Path], images) -> list[str]:
-    """``git am --3way`` the series onto BASE; returns one commit per patch.
-
-    Raises:
-        SeriesError: a patch does not apply on BASE, or git am placed it
-            elsewhere than a 3-way merge from its recorded preimage does.
-    """
-    try:
-        patchset.am(scratch, patch_files)
-    except SeriesError as e:
-        next_file = g.git_dir(scratch) / "rebase-apply" / "next"
-        number = int(next_file.read_bytes()) if next_file.exists() else 0
-        name = patch_files[number - 1].name if 0 < number <= len(patch_files) else "a patch"
-        raise SeriesError(
-            f"patch {name} does not apply on the base in the scratch clone, so the"
-            f" series' result cannot be built: {e}. Name the commit the series is based"
-            " on with BASE= (--base), or rebase the series"
-        ) from None
-    commits = g.rev_list(scratch, f"{base}..HEAD")
-    if len(commits) != len(patch_files):
-        raise SeriesError(
-            f"applying {len(patch_files)} patches made {len(commits)} commits:"
-            f" an empty patch? run `{hints.make('check-manifest')}`"
-        )
-    for path, image, before, after in zip(patch_files, images, [base, *commits], commits,
-                                          strict=False):  # fmt: skip
-        disagree = placement.check(scratch, before, after, image, ours="BASE")
-        if disagree:
-            raise SeriesError(
-                f"patch {path.name} cannot be placed on BASE reliably, so the series'"
-                " result cannot be built:\n  "
-                + "\n  ".join(disagree)
-                + "\nName the commit the series is based on with BASE= (--base), or rebase"
-                " the series"
-            )
-    return commits
+            + "\n  ".join(lacking) + "\n" + advice
+        )  # fmt: skip
 
 
 def _tree_entries(repo: Path, commit: str, paths: list[str]) -> dict[str, dict[str, str]]:
@@ -594,15 +485,9 @@ def _commit_info(
 
 
 def filter_repo_command() -> list[str]:
-    """How to run git-filter-repo: next to this Python (the venv), else on PATH.
-
-    Raises:
-        SeriesError: it is installed in neither place.
-    """
+    """How to run git-filter-repo: next to this Python (the venv), else on PATH."""
     beside = Path(sys.executable).parent / "git-filter-repo"
-    if beside.is_file():
-        return [str(beside)]
-    found = shutil.which("git-filter-repo")
+    found = str(beside) if beside.is_file() else shutil.which("git-filter-repo")
     if found:
         return [found]
     raise SeriesError(
@@ -613,12 +498,8 @@ def filter_repo_command() -> list[str]:
 
 
 def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str, str]:
-    """Rewrite the two audit refs of ``scratch`` onto ``paths`` only.
-
-    Only ``BASE..`` of the series and consolidated refs is rewritten (BASE
-    itself is referenced, not exported); commits left empty are pruned.
-    Returns a map projected commit -> original commit.
-    """
+    """Rewrite ``BASE..`` of the two audit refs of ``scratch`` onto ``paths`` only
+    (commits left empty are pruned); returns projected commit -> original commit."""
     path_file = tmp / "series-paths"
     # `literal:` so no series path is read as a glob, regex or rename rule.
     path_file.write_bytes(g.encode("".join(f"literal:{p}\n" for p in paths)))
@@ -626,9 +507,7 @@ def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str,
         *filter_repo_command(), "--quiet", "--force", "--paths-from-file", str(path_file),
         "--refs", f"^{base}", _SERIES_REF, _CONSOLIDATED_REF,
     ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=scratch, capture_output=True, text=True, env=g.env(), check=False
-    )
+    proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, env=g.env())
     if proc.returncode != 0:
         raise SeriesError(
             f"git-filter-repo failed projecting the scratch clone onto the series"
@@ -647,15 +526,8 @@ def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str,
 
 
 def _apply_accepts(report: Report, repo: Path) -> None:
-    """Mark findings covered by ``--accept``.
-
-    Keys: a patch number (``0002``) or patch file name; ``extra:<commit>``;
-    ``file:<path>`` for an end-state difference.
-
-    Raises:
-        SeriesError: a key names no series patch, no commit of the audited
-            range that touches series files, or no series-owned path.
-    """
+    """Mark findings covered by ``--accept``: a patch number (``0002``) or file
+    name, ``extra:<commit>``, ``file:<path>``; a key naming none is refused."""
     by_number = {p.file.split("-", 1)[0]: p for p in report.patches}
     by_file = {p.file: p for p in report.patches}
     files = {f.path: f for f in report.files}
@@ -789,75 +661,38 @@ def _render_text(report: Report) -> str:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "check",
-        help="audit a consolidated branch against the series",
-        description=(
-            "Classify every series patch as identical, combined, changed or missing in"
-            " BASE..CONSOLIDATED, list extra commits touching series files, and compare"
-            " the series-owned files at the tip. Exit 0: passes; 1: unaccepted"
-            " findings; 2: the audit could not run."
-        ),
-    )
-    p.add_argument(
-        "--consolidated",
-        metavar="REF",
-        help="branch or commit to audit (default: the branch `make apply` creates)",
-    )
-    p.add_argument(
-        "--vllm",
-        metavar="PATH",
-        type=hints.user_path,
-        help="repository holding it (default: work/vllm, the checkout `make apply` makes)",
-    )
-    p.add_argument(
-        "--base",
-        metavar="REF",
-        help="commit the branch starts from (default: the manifest's base commit)",
-    )
+    p = subparsers.add_parser("check", help="audit a consolidated branch against the series",
+                              description=(
+        "Classify every series patch as identical, combined, changed or missing in"
+        " BASE..CONSOLIDATED, list extra commits touching series files, and compare the"
+        " series-owned files at the tip. Exit 0: passes; 1: unaccepted findings; 2: the audit"
+        " could not run."))  # fmt: skip
+    p.add_argument("--consolidated", metavar="REF", help="branch or commit to audit (default:"
+                   " the branch `make apply` creates)")  # fmt: skip
+    p.add_argument("--vllm", metavar="PATH", type=hints.user_path, help="repository holding it"
+                   " (default: work/vllm, the checkout `make apply` makes)")  # fmt: skip
+    p.add_argument("--base", metavar="REF", help="commit the branch starts from (default: the"
+                   " manifest's base commit)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
-    p.add_argument(
-        "--accept",
-        metavar="KEY",
-        action=_AcceptAction,
-        help="accept a finding; KEY is a patch number (0002) or file name,"
-        " extra:<commit> or file:<path>; must be followed by --reason",
-    )
-    p.add_argument(
-        "--reason", metavar="TEXT", action=_AcceptAction, help="why the preceding --accept is fine"
-    )
-    p.add_argument(
-        "--creation-factor",
-        type=int,
-        metavar="N",
-        help="passed to git range-diff (default: git's 60)",
-    )
-    p.add_argument(
-        "--patches-dir",
-        type=Path,
-        metavar="DIR",
-        help="series folder (default: patches/, or the manifest's folder)",
-    )
-    p.add_argument(
-        "--manifest", type=Path, metavar="FILE", help="manifest (default: patches/series.json)"
-    )
+    p.add_argument("--accept", metavar="KEY", action=_AcceptAction, help="accept a finding; KEY"
+                   " is a patch number (0002) or file name, extra:<commit> or file:<path>; must"
+                   " be followed by --reason")  # fmt: skip
+    p.add_argument("--reason", metavar="TEXT", action=_AcceptAction,
+                   help="why the preceding --accept is fine")  # fmt: skip
+    p.add_argument("--creation-factor", type=int, metavar="N",
+                   help="passed to git range-diff (default: git's 60)")  # fmt: skip
+    p.add_argument("--patches-dir", type=Path, metavar="DIR",
+                   help="series folder (default: patches/, or the manifest's folder)")  # fmt: skip
+    p.add_argument("--manifest", type=Path, metavar="FILE",
+                   help="manifest (default: patches/series.json)")  # fmt: skip
     p.set_defaults(func=run, accepts=None)
 
 
 def refuse_inconsistent_series(
     manifest: manifest_mod.Manifest, manifest_path: Path, patch_dir: Path
 ) -> None:
-    """Refuse to audit against patch files that are not the manifest's series.
-
-    The audit rebuilds the series from the patch files; a file edited after
-    `make export` (its stable patch ID no longer the recorded one) would make
-    the audit compare the branch with the edited series and pass it.
-
-    Raises:
-        SeriesError: ``check_manifest.problems`` finds any disagreement between
-            ``patch_dir`` and ``manifest_path``; the message lists each one and
-            the fix.
-    """
+    """Refuse patch files that are not the manifest's series: the audit rebuilds
+    the series from them, and would pass a branch against an edited one."""
     found = check_manifest.problems(manifest, patch_dir)
     if found:
         raise SeriesError(
@@ -869,9 +704,7 @@ def refuse_inconsistent_series(
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``check`` command: print the report, return 0, 1 or 2 (see module doc).
-
-    A signal stops it at the next git call, its scratch folders removed."""
+    """The ``check`` command: print the report, return 0, 1 or 2 (see module doc)."""
     try:
         with interrupts.deferred():
             report = _run(args)

@@ -1,19 +1,12 @@
 """Materialise a vLLM release from its PyPI sdist as a reproducible git base.
 
-The sdist is the reproducible source of a release tree: this module fetches it
-with pip (the ordinary client), checks its sha256, unpacks it and records it as
-one commit whose author, committer, dates and message are fixed, so the commit
-id is the same on every machine.  The result is cached as a bare repository in
-the git-ignored work folder; the second run reuses it.
-
-Fetching: ``pip download`` prepares an sdist's metadata even with
-``--no-deps``.  vLLM's ``setup.py`` then imports torch, setuptools-rust and
-setuptools-scm, so the download runs with ``--no-build-isolation`` from an
-environment that has them (``make venv`` installs them), with
-``VLLM_TARGET_DEVICE=empty`` (no extension build is planned) and
-``VLLM_VERSION_OVERRIDE`` (no git metadata is needed for the version).  With a
-known hash the requirement is passed in ``--require-hashes`` mode, so pip itself
-refuses a mismatch before anything is unpacked; the hash is checked again here.
+The sdist is fetched with pip (``--require-hashes`` when the hash is known,
+checked again here), unpacked and recorded as one commit with a fixed
+identity, dates and message, so its id is the same on every machine; it is
+cached as a bare repository under ``work/base``.  vLLM's ``setup.py`` imports
+torch and friends even for ``pip download``: it runs with
+``--no-build-isolation`` in ``.venv``, ``VLLM_TARGET_DEVICE=empty`` and
+``VLLM_VERSION_OVERRIDE``.
 """
 
 from __future__ import annotations
@@ -67,20 +60,8 @@ def fetch_sdist(
     dest_dir: Path,
     pip_args: Sequence[str] = (),
 ) -> tuple[Path, str]:
-    """Download ``project==version``'s sdist into ``dest_dir`` with pip.
-
-    Args:
-        sha256: expected hex digest, or None to take the one the index
-            publishes (pip checks downloads against the index's hash fragment).
-        pip_args: extra pip options, e.g. ``--index-url``/``--find-links``.
-
-    Returns:
-        The sdist path and its sha256 (hex).
-
-    Raises:
-        SeriesError: pip failed (message quotes pip), or the file's hash is not
-            ``sha256``.
-    """
+    """Download ``project==version``'s sdist into ``dest_dir`` with pip; returns it
+    and its sha256 (``sha256``: the one it must have; None: the index's)."""
     requirement = f"{project}=={version}"
     cmd = [
         sys.executable, "-m", "pip", "download",
@@ -132,11 +113,8 @@ def upstream_commit_in(version_py: str) -> str | None:
 
 
 def unpack(sdist: Path, dest: Path) -> Path:
-    """Unpack ``sdist`` under ``dest``; returns the single top-level folder.
-
-    Uses tarfile's ``data`` filter: no absolute paths, no links out of the
-    tree, no device files.
-    """
+    """Unpack ``sdist`` under ``dest`` (tarfile's safe ``data`` filter); returns its
+    single top-level folder."""
     try:
         with tarfile.open(sdist) as tar:
             tar.extractall(dest, filter="data")
@@ -149,15 +127,8 @@ def unpack(sdist: Path, dest: Path) -> Path:
 
 
 def import_tree(tree: Path, repo: Path, message: str) -> str:
-    """Record ``tree`` as one commit on ``base`` in bare ``repo``.
-
-    Uses plumbing (hash-object without filters, update-index) so neither the
-    user's git configuration nor ``.gitattributes``/``.gitignore`` files
-    inside the sdist change what is recorded.
-
-    Returns:
-        The commit id.
-    """
+    """Record ``tree`` as one commit on ``base`` in bare ``repo``; returns it.  Plumbing
+    without filters: no config or ``.gitattributes`` changes what is recorded."""
     g.git(tree.parent, "init", "-q", "--bare", str(repo))
     gd = f"--git-dir={repo}"
     files: list[tuple[str, str]] = []  # (mode, relative path)
@@ -205,15 +176,8 @@ def materialise(
     pip_args: Sequence[str] = (),
     log=print,
 ) -> tuple[Path, str, str]:
-    """Return (bare repo, base commit id, sdist sha256), building it if needed.
-
-    Nothing is left behind on failure: work happens in a temporary folder
-    inside the work folder that is renamed into place only when complete.
-
-    Raises:
-        SeriesError: fetch failed, wrong hash, the sdist records another
-            upstream commit, or the commit id is not ``expected_commit``.
-    """
+    """Return (bare repo, base commit id, sdist sha256), building it if needed in
+    a temporary folder renamed into place only when complete."""
     repo = base_repo_path(project, version)
     stamp = repo / "series-sdist-sha256"
     if repo.exists() and g.rev(repo, BASE_BRANCH) and stamp.exists():
@@ -259,14 +223,7 @@ def materialise(
 
 
 def materialise_pinned(manifest, pip_args: Sequence[str] = (), log=print) -> tuple[Path, str, str]:
-    """``materialise`` the base a manifest pins (version, sdist hash, commits).
-
-    Args:
-        manifest: a ``manifest.Manifest``.
-
-    Returns:
-        (bare repo, base commit id, sdist sha256), as ``materialise``.
-    """
+    """``materialise`` the base a ``manifest.Manifest`` pins (version, sdist hash, commits)."""
     b = manifest.base
     return materialise(
         b.project, b.version, b.sdist.sha256, upstream_commit=b.upstream_commit,

@@ -1,17 +1,9 @@
 """The "Changes in vN" section of SERIES.md: its words, and a draft of it.
 
-One line per patch of the new version, in its order, then one per old patch
-that is gone: what git shows changed (the kinds below, with the files and
-patch numbers behind them) and a ``Why: TODO.`` for the reviewer-facing
-reason, which only a person can give.  ``compare`` classifies; this module
-only words the result.  What ``patches/series.json`` records in ``previous``
-reads as such: a recorded pair "rewritten from vN NNNN `subject`: <what
-differs>", a new patch whose recorded ancestor is paired already "split from
-vN NNNN `subject` (recorded; ...)"; an old patch a recorded entry consumes is
-not listed as dropped.
-
-It reads ``compare``'s ``Comparison``, ``Change`` and ``Patch`` by their
-fields and imports nothing of ``compare``, which imports it.
+One line per patch of the new version, then one per old patch that is gone:
+what git shows changed (``compare`` classifies; this module words it) and a
+``Why: TODO.``, which only a person can fill in.  It reads ``compare``'s
+results by their fields and imports nothing of ``compare``, which imports it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """``check-manifest``: the patch files and ``patches/series.json`` agree.
 
-Fails, naming the patch, when a patch file's bytes are not the recorded ones
-(sha256: a changed author, message or hunk line number counts, which the
-stable patch ID ignores), when its stable patch ID or subject is not the
-recorded one, when a file is listed but missing or present but unlisted,
-when the recorded touched files are not the files the patches touch, or when
-``"series"."previous"`` names a subject that is none of the patches' (a
-manifest read from disk is refused for that already, naming the subject).
-The command also checks ``"series"."groups"`` (``manifest.group_problems``);
-``apply`` does not, so a patch just exported into no group still applies.
-
-When ``SERIES.md`` sits beside the patch folder (the repository's root, next
-to ``patches/``), its "Stable patch IDs" table and the subjects of its "Order
-and why" table must be the manifest's too: a row that differs, is missing or
-names no patch is an error naming the patch and both values.
-
-Runs with the system Python alone (``make check-manifest`` needs no .venv).
+Each patch file's bytes (sha256), stable patch ID and subject must be the
+recorded ones, no file listed and missing or present and unlisted, the
+touched files the recorded ones, ``"previous"`` and ``"groups"`` valid
+(``apply`` does not check the groups: a patch just exported into none still
+applies).  A ``SERIES.md`` beside the patch folder must give the same stable
+patch IDs and subjects.  Runs with the system Python alone.
 """
 
 from __future__ import annotations

@@ -1,56 +1,12 @@
-"""``compare``: what changed from one version of the series to another.
+"""``compare``: what changed from one version of the series to another (docs/compare.md).
 
-``compare --from <version or commit> [--to <version or commit>]`` finds both
-states of ``patches/`` (``versions``; ``--to`` defaults to the working tree),
-applies each onto the base its own manifest pins (found in ``--vllm``, else
-the base materialised from the sdist, cached under ``work/base``) in one
-scratch checkout (``scratch``: it reads the bases' objects in place, holds
-only the files the patches touch, and checks every patch's result against its
-recorded images), and reports ``git range-diff`` between the two applied
-ranges.  Patches are paired as range-diff pairs them; an old and a new patch
-that range-diff leaves unpaired but that carry the same subject are paired by
-subject, with their own range-diff.  Then the pairing the newer side's
-manifest records (``"series"."previous"``: patch subject -> the subjects of
-the previous version's patches it derives from) pairs a new patch still
-unpaired with the first old patch its entry names that is still unpaired,
-also with its own range-diff (``paired_by="manifest"``): a rewrite that
-changed too much text for range-diff.  A recorded ancestor that is not the
-patch's pair (already paired: the new patch is split from it; or a further
-ancestor of a merge) gets its range-diff too, without being paired again.
-
-Each pair is then classified from git's facts alone:
-
-- ``unchanged`` (``=``), ``new`` (``>``), ``dropped`` (``<``);
-- ``reordered``: its place among the paired patches changed (the fewest
-  patches that explain the new order: those outside the longest run kept in
-  order);
-- for a changed pair (``!``), the change of each file is compared without its
-  context lines (``git patch-id --verbatim`` of ``-U0`` diffs):
-  ``reworded`` when no file's change differs but the message or author does,
-  ``test only`` when only files under ``tests/`` differ, ``contract changed``
-  when any other file does, ``context only`` when nothing but the lines
-  around the change moved;
-- ``split``: two or more new patches carry one old patch's content: its
-  range-diff partner, if any, and new patches most of whose added lines (by
-  length) were added by that old patch; or, as recorded, a new patch left
-  unpaired because the ancestors its ``previous`` entry names are paired
-  already;
-- ``rewritten``: paired as recorded in ``previous`` (then classified as any
-  changed pair); ``merged``: an old patch that a new patch's ``previous``
-  entry names but that is paired with another, and that new patch.
-  The record is authoritative: an old patch named in it is no candidate for
-  the content-based split.
-
-The draft "Changes in vN" section for SERIES.md is rendered by ``changelog``.
-Output is the same on every machine: every git call is hermetic (``git``: no
-user or system configuration, no hooks, output settings pinned) and the
-scratch commits get a fixed committer and date
-(``scratch.REPRODUCIBLE_COMMITTER``), so the commit ids in the range-diff
-depend only on the patches and the bases.  The user's repository is only
-read; the scratch checkout is removed afterwards.
-
-Exit status: 0 when the comparison was made (whatever it found); 2 when it
-could not be made (unknown version, a patch that does not apply, ...).
+Both states of ``patches/`` (``versions``) are applied onto the bases their
+manifests pin, in one scratch checkout (``scratch``) with a fixed committer,
+so the output is the same on every machine; the user's repository is only
+read.  Patches are paired by ``git range-diff``, then by subject, then as the
+newer manifest's ``"previous"`` records; each pair is classified from git's
+facts (``changelog`` holds the kinds and words the draft).  Exit status 0,
+or 2 when the comparison could not be made.
 """
 
 from __future__ import annotations
@@ -152,24 +108,17 @@ class Change:
             return None if p is None else dataclasses.asdict(p) | {"tag": p.tag}
 
         return {
-            "status": self.status,
-            "old": patch(self.old),
-            "new": patch(self.new),
-            "paired_by": self.paired_by or None,
-            "kinds": self.kinds,
-            "code_paths": self.code_paths,
-            "test_paths": self.test_paths,
-            "message_changed": self.message_changed,
-            "author_changed": self.author_changed,
-            "from_old": patch(self.from_old),
-            "split_into": [p.tag for p in self.pieces],
+            "status": self.status, "old": patch(self.old), "new": patch(self.new),
+            "paired_by": self.paired_by or None, "kinds": self.kinds,
+            "code_paths": self.code_paths, "test_paths": self.test_paths,
+            "message_changed": self.message_changed, "author_changed": self.author_changed,
+            "from_old": patch(self.from_old), "split_into": [p.tag for p in self.pieces],
             "recorded_from": [p.tag for p in self.recorded],
-            "derivations": [
-                {"old": patch(d.old), "range_diff": d.range_diff} for d in self.derivations
-            ],
+            "derivations": [{"old": patch(d.old), "range_diff": d.range_diff}
+                            for d in self.derivations],
             "merged_into": patch(self.merged_into),
             "range_diff": self.range_diff if self.status == "!" else None,
-        }
+        }  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -183,36 +132,19 @@ class Side:
 
     def to_dict(self, changes: Sequence[Change], old: bool) -> dict:
         """This side's patches, each with its pair's status and kinds."""
-        by_number = {}
-        for c in changes:
-            mine = c.old if old else c.new
-            if mine is not None:
-                by_number[mine.number] = c
+        pairs = {(c.old if old else c.new).number: c for c in changes if (c.old if old else c.new)}
         b = self.manifest.base
         return {
-            "spec": self.state.spec or None,
-            "label": self.state.label,
-            "version": self.state.version,
-            "commit": self.state.commit,
+            "spec": self.state.spec or None, "label": self.state.label,
+            "version": self.state.version, "commit": self.state.commit,
             "base": {"project": b.project, "version": b.version, "commit": self.base},
             "patches": [
-                {
-                    "number": p.number,
-                    "tag": p.tag,
-                    "file": p.file,
-                    "subject": p.subject,
-                    "status": by_number[p.number].status,
-                    "kinds": by_number[p.number].kinds,
-                    "paired_with": _other(by_number[p.number], old),
-                }
-                for p in self.patches
+                {"number": p.number, "tag": p.tag, "file": p.file, "subject": p.subject,
+                 "status": c.status, "kinds": c.kinds,
+                 "paired_with": getattr(c.new if old else c.old, "tag", None)}
+                for p in self.patches for c in [pairs[p.number]]
             ],
-        }
-
-
-def _other(change: Change, old: bool) -> str | None:
-    other = change.new if old else change.old
-    return None if other is None else other.tag
+        }  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -260,13 +192,7 @@ def compare(
     vllm: Path | None = None,
     log: Log = lambda line: print(line, file=sys.stderr),
 ) -> Comparison:
-    """Compare the series at ``from_spec`` with ``to_spec`` (None: the working tree).
-
-    Raises:
-        SeriesError: a version or commit that does not exist, a manifest
-            listing a missing patch, a base that cannot be found or
-            materialised, or a patch that does not apply to its base.
-    """
+    """Compare the series at ``from_spec`` with ``to_spec`` (None: the working tree)."""
     if not g.is_repo(Path(repo)):
         raise SeriesError(f"{repo} is not a git checkout: --repo must name the series repository")
     repo = g.toplevel(Path(repo))
@@ -343,16 +269,8 @@ def _base_commit(
     vllm: Path | None,
     log: Log,
 ) -> tuple[Path, str]:
-    """The repository holding the manifest's base commit, and that commit.
-
-    Taken from ``vllm`` when it holds the commit, else the base materialised
-    from the sdist the manifest pins: cached under ``work/base`` (then read,
-    nothing fetched), or fetched with pip and cached.
-
-    Raises:
-        SeriesError: ``vllm`` is not a repository, or the base is neither
-            there nor cached and cannot be materialised.
-    """
+    """The repository holding the manifest's base commit (``vllm`` when it has
+    it, else the base materialised from the pinned sdist), and that commit."""
     b = manifest.base
     if vllm is not None:
         if g.git(vllm, "rev-parse", "--git-dir", check=False).returncode != 0:
@@ -401,17 +319,21 @@ def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
         n = new.patches[pair.right - 1] if pair.right else None
         paired_by = "range-diff" if o and n else ""
         changes.append(Change(pair.status, o, n, paired_by, pair.body))
-    dropped = [c for c in changes if c.status == "<"]
-    for added in [c for c in changes if c.status == ">"]:
-        match = next((c for c in dropped if _same_subject(c.old, added.new)), None)
-        if match is None:
-            continue
-        dropped.remove(match)
-        changes.remove(match)
-        assert match.old is not None and added.new is not None
-        added.status, added.old, added.paired_by = "!", match.old, "subject"
-        added.range_diff = _forced_range_diff(scratch, match.old, added.new)
+    _pair_unpaired(scratch, changes, "subject", lambda new: [manifest_mod.normalise(new.subject)])
     return changes
+
+
+def _pair_unpaired(scratch: Path, changes: list[Change], how: str, wanted) -> None:
+    """Pair each new patch left unpaired with the first unpaired old patch whose
+    subject ``wanted(new patch)`` lists (normalised), with their forced range-diff."""
+    for added in sorted((c for c in changes if c.status == ">"), key=lambda c: c.new.number):
+        dropped = {manifest_mod.normalise(c.old.subject): c
+                   for c in reversed(changes) if c.status == "<"}  # fmt: skip
+        match = next((dropped[s] for s in wanted(added.new) if s in dropped), None)
+        if match is not None:
+            changes.remove(match)
+            added.status, added.old, added.paired_by = "!", match.old, how
+            added.range_diff = _forced_range_diff(scratch, match.old, added.new)
 
 
 def _forced_range_diff(scratch: Path, o: Patch, n: Patch) -> str:
@@ -421,39 +343,14 @@ def _forced_range_diff(scratch: Path, o: Patch, n: Patch) -> str:
     return next((p.body for p in rangediff.parse(forced) if p.status in "=!"), forced)
 
 
-def _same_subject(a: Patch | None, b: Patch | None) -> bool:
-    return a is not None and b is not None and a.subject.split() == b.subject.split()
-
-
 def _pair_recorded(scratch: Path, old: Side, new: Side, changes: list[Change]) -> list[str]:
-    """Pair and link what the newer manifest's ``previous`` records; returns notes.
-
-    Each new patch still unpaired whose subject has an entry is paired with
-    the first old patch its entry names that is still unpaired
-    (``paired_by="manifest"``, with their forced range-diff).  Then every new
-    patch with an entry gets the old patches it names (``recorded``) and,
-    for each that is not its pair, their range-diff (``derivations``); an
-    old patch so named but left unpaired is ``merged_into`` that new patch.
-    A named subject that no old patch has is reported in a note (when the
-    sides are different versions: a manifest records the version before it).
-    """
+    """Pair and link what the newer manifest's ``previous`` records (docs/compare.md);
+    returns notes on subjects it names that no old patch has."""
     norm = manifest_mod.normalise
     entries = {norm(k): [norm(s) for s in v] for k, v in new.manifest.previous.items()}
     if not entries:
         return []
-    added = sorted((c for c in changes if c.status == ">"), key=lambda c: c.new.number)
-    for change in added:
-        assert change.new is not None
-        wanted = entries.get(norm(change.new.subject), [])
-        dropped = [c for c in changes if c.status == "<"]
-        match = next(
-            (c for s in wanted for c in dropped if c.old and norm(c.old.subject) == s), None
-        )
-        if match is None or match.old is None:
-            continue
-        changes.remove(match)
-        change.status, change.old, change.paired_by = "!", match.old, "manifest"
-        change.range_diff = _forced_range_diff(scratch, match.old, change.new)
+    _pair_unpaired(scratch, changes, "manifest", lambda new: entries.get(norm(new.subject), []))
 
     notes = []
     by_subject = collections.defaultdict(list)
@@ -488,11 +385,7 @@ def _pair_recorded(scratch: Path, old: Side, new: Side, changes: list[Change]) -
 
 
 def _mark_moved(changes: list[Change]) -> None:
-    """Mark paired patches outside the longest run that kept its order.
-
-    Numbers shift when patches are added or dropped; only the relative order
-    of paired patches says whether one moved.
-    """
+    """Mark paired patches outside the longest run that kept its relative order."""
     paired = sorted((c for c in changes if c.old and c.new), key=lambda c: c.old.number)
     sequence = [c.new.number for c in paired]
     # Longest increasing subsequence, O(n^2): series have tens of patches.
@@ -561,12 +454,8 @@ def _added_text(scratch: Path, commit: str) -> collections.Counter[str]:
 
 
 def _find_splits(scratch: Path, changes: list[Change]) -> None:
-    """Give each new patch the old one it takes most lines from; mark splits.
-
-    Candidates are the old patches that lost content: dropped or changed.
-    An old patch whose content is now in two or more new patches (its
-    range-diff partner and the new patches taken from it) was split.
-    """
+    """Give each new patch the old one (dropped or changed) it takes most lines
+    from; an old patch whose content is now in two or more new patches was split."""
     donors = [c.old for c in changes if c.old and c.status in "<!"]
     # What series.json's "previous" records is not guessed at.
     added = [c for c in changes if c.status == ">" and not c.derivations]
@@ -695,17 +584,11 @@ def _bases_line(old: Side, new: Side) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``compare`` command: print the report; 0, or 2 when it could not run.
-
-    A signal stops it at the next git call, its scratch folders removed."""
+    """The ``compare`` command: print the report; 0, or 2 when it could not run."""
     try:
         with interrupts.deferred():
-            comparison = compare(
-                repo=args.repo or manifest_mod.ROOT,
-                from_spec=args.from_spec,
-                to_spec=args.to_spec,
-                vllm=args.vllm,
-            )
+            comparison = compare(args.repo or manifest_mod.ROOT, args.from_spec, args.to_spec,
+                                 args.vllm)  # fmt: skip
             if args.draft:
                 args.draft.write_text(comparison.draft(), encoding="utf-8",
                                       errors="surrogateescape")  # fmt: skip
@@ -713,50 +596,28 @@ def run(args: argparse.Namespace) -> int:
         raise
     except (SeriesError, OSError) as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
-    if args.json:
-        print(json.dumps(comparison.to_dict(), indent=2))
-    else:
-        print(comparison.to_text(args.draft))
+    print(json.dumps(comparison.to_dict(), indent=2) if args.json
+          else comparison.to_text(args.draft))  # fmt: skip
     return EXIT_OK
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "compare",
-        help="range-diff two versions of the series and draft their changelog",
-        description=(
-            "Apply two versions of the series (states of patches/ in this repository's"
-            " history, or the working tree) onto their pinned bases in a scratch"
-            " repository, print their git range-diff, classify every patch and draft the"
-            " 'Changes in vN' section of SERIES.md. Exit 0; 2 when it could not run."
-        ),
-    )
-    p.add_argument(
-        "--from",
-        dest="from_spec",
-        required=True,
-        metavar="VERSION|COMMIT",
-        help="the older side: a series version (newest commit whose patches/series.json"
-        " records it) or a commit-ish",
-    )
-    p.add_argument(
-        "--to",
-        dest="to_spec",
-        metavar="VERSION|COMMIT",
-        help="the newer side (default: the working tree's patches/)",
-    )
+        "compare", help="range-diff two versions of the series and draft their changelog",
+        description="Apply two versions of the series (states of patches/ in this repository's"
+        " history, or the working tree) onto their pinned bases in a scratch repository, print"
+        " their git range-diff, classify every patch and draft the 'Changes in vN' section of"
+        " SERIES.md. Exit 0; 2 when it could not run.",
+    )  # fmt: skip
+    p.add_argument("--from", dest="from_spec", required=True, metavar="VERSION|COMMIT",
+                   help="the older side: a series version (newest commit whose"
+                   " patches/series.json records it) or a commit-ish")  # fmt: skip
+    p.add_argument("--to", dest="to_spec", metavar="VERSION|COMMIT",
+                   help="the newer side (default: the working tree's patches/)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--draft", type=Path, metavar="FILE", help="write the changelog draft to FILE")
-    p.add_argument(
-        "--vllm",
-        type=hints.user_path,
-        metavar="PATH",
-        help="a checkout holding the bases (default: materialise each from its sdist)",
-    )
-    p.add_argument(
-        "--repo",
-        type=Path,
-        metavar="DIR",
-        help="repository whose history holds the versions (default: this one)",
-    )
+    p.add_argument("--vllm", type=hints.user_path, metavar="PATH", help="a checkout holding"
+                   " the bases (default: materialise each from its sdist)")  # fmt: skip
+    p.add_argument("--repo", type=Path, metavar="DIR", help="repository whose history holds"
+                   " the versions (default: this one)")  # fmt: skip
     p.set_defaults(func=run)

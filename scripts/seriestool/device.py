@@ -1,31 +1,16 @@
 """``device-bundle``: what the GPU machine needs to qualify the series, in ``.device/``.
 
-The GPU machine has no network and no vLLM: it gets this folder (carried with
-the device tool's ``carry: [".device"]``) and ``scripts/device/`` (tracked,
-travels with the working tree), and ``bash scripts/device/run_all.sh`` does
-the rest there.  Layout::
-
-    .device/
-      bundle.json            what is in it: base, patch IDs, trees, tests, wheels
-      wheels/*.whl           cp312 manylinux x86_64 wheels the GPU image lacks
-      trees/base.tar.xz      the unpatched base: vllm/**, pyproject.toml,
-                             tests/**/__init__.py
-      trees/series.tar.xz    overlay: files the whole series adds or changes
-      trees/before-NNNN.tar.xz
-                             overlay: the series prefix before patch NNNN, plus
-                             NNNN's test file (a negative control: that test is
-                             expected to fail there)
-
-Overlays are unpacked over a fresh copy of the base tree on the device, and
-the files a patch deletes are listed in ``bundle.json``; so the device needs
-neither git nor patch.  Every tree is built here from the materialised base
-(``base.materialise`` + ``base.clone``) with the series applied by
-``patchset.am``, exactly as ``apply`` and ``test-series`` do.
-
-Wheels are fetched with ``pip download --no-deps --only-binary=:all:`` for
-CPython 3.12 on manylinux x86_64, one pinned version each, and cached in
-``work/device-cache`` so a second run needs no network; archives of trees are
-cached there too, keyed by the base commit and the patch IDs.
+The GPU machine has no network and no vLLM: it gets this folder (the device
+tool carries ``.device``) and ``scripts/device/``, where ``run_all.sh`` does
+the rest.  ``bundle.json`` says what is in it: ``wheels/`` (cp312 manylinux
+x86_64 wheels the GPU image lacks, fetched once with ``pip download`` into
+``work/device-cache``) and ``trees/``: the unpatched base (``vllm/**``,
+``pyproject.toml``, ``tests/**/__init__.py``), an overlay of what the series
+adds or changes, and for each negative control an overlay of the series
+before the patch that adds its test.  Overlays are unpacked over a copy of
+the base tree and list the files they delete, so the device needs neither git
+nor patch.  The trees are built from the materialised base with
+``patchset.am``, as ``apply`` builds them, and cached by base and patch IDs.
 """
 
 from __future__ import annotations
@@ -117,13 +102,9 @@ XZ_PRESET = 6
 
 
 def in_tree(path: str) -> bool:
-    """Whether a base file goes into the device's vLLM tree.
-
-    All of ``vllm/`` (the .py files and the few data files next to them, so
-    nothing read at import time is missing), vLLM's ``pyproject.toml`` (pytest
-    reads its markers there) and the ``__init__.py`` files of ``tests/`` (the
-    test packages).  Test files come with the overlays that add them.
-    """
+    """Whether a base file goes into the device's vLLM tree: all of ``vllm/`` (data
+    files read at import time too), ``pyproject.toml`` (pytest's markers) and the
+    test packages' ``__init__.py``; test files come with the overlays."""
     return (
         path.startswith("vllm/")
         or path == "pyproject.toml"
@@ -142,11 +123,8 @@ def _tracked_files(checkout: Path) -> list[str]:
 
 
 def write_archive(root: Path, paths: Iterable[str], dest: Path) -> int:
-    """Write ``paths`` (relative to ``root``) as a deterministic tar.xz.
-
-    Members are sorted, owned by root, dated ARCHIVE_MTIME, mode 644 or 755.
-    Returns the number of members.
-    """
+    """Write ``paths`` (relative to ``root``) as a deterministic tar.xz (sorted,
+    owned by root, dated ARCHIVE_MTIME, mode 644 or 755); returns their number."""
     paths = sorted(paths)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
@@ -214,14 +192,8 @@ def build_trees(
     negative_controls: Sequence[str] = NEGATIVE_CONTROLS,
     log=print,
 ) -> dict:
-    """Write the base archive and the overlays into ``out_dir/trees``.
-
-    Returns the ``trees`` / ``tests`` / ``negative_controls`` part of
-    bundle.json.
-
-    Raises:
-        SeriesError: a patch does not apply to the base.
-    """
+    """Write the base archive and the overlays into ``out_dir/trees``; returns
+    the ``trees`` / ``tests`` / ``negative_controls`` part of bundle.json."""
     base_commit = g.rev(base_repo, base_branch)
     if base_commit is None:
         raise SeriesError(f"{base_repo} has no branch {base_branch}")
@@ -346,36 +318,16 @@ def wheel_name_version(filename: str) -> tuple[str, str]:
 
 
 def pip_download_command(name: str, version: str, dest: Path) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        "3.12",
-        "--implementation",
-        "cp",
-        "--disable-pip-version-check",
-        "--progress-bar=off",
-        "-d",
-        str(dest),
-    ]
-    for platform in PLATFORMS:
-        cmd += ["--platform", platform]
-    cmd.append(f"{name}=={version}")
-    return cmd
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--python-version", "3.12", "--implementation", "cp", "--disable-pip-version-check",
+            "--progress-bar=off", "-d", str(dest), *platforms, f"{name}=={version}"]  # fmt: skip
 
 
 def fetch_wheels(
     wheels: Sequence[tuple[str, str]] = WHEELS, cache: Path | None = None, log=print
 ) -> list[Path]:
-    """One cp312 manylinux x86_64 wheel per pinned requirement, cached.
-
-    Raises:
-        SeriesError: pip found no matching wheel (message quotes pip).
-    """
+    """One cp312 manylinux x86_64 wheel per pinned requirement, cached."""
     cache = cache or CACHE_DIR / "wheels"
     found = []
     for name, version in wheels:
@@ -385,12 +337,8 @@ def fetch_wheels(
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             log(f"downloading {name}=={version} ...")
-            proc = subprocess.run(
-                pip_download_command(name, version, folder),
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            proc = subprocess.run(pip_download_command(name, version, folder),
+                                  capture_output=True, text=True)  # fmt: skip
             have = sorted(folder.glob("*.whl"))
             if proc.returncode != 0 or len(have) != 1:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -408,12 +356,7 @@ def fetch_wheels(
 
 
 def check_wheels(paths: Sequence[Path]) -> None:
-    """One version per distribution, each a wheel for CPython 3.12 on x86_64.
-
-    Raises:
-        SeriesError: two versions of one distribution, or a wheel the image
-            cannot install.
-    """
+    """One version per distribution, each a wheel for CPython 3.12 on x86_64."""
     seen: dict[str, str] = {}
     for path in paths:
         name, version = wheel_name_version(path.name)
@@ -442,12 +385,8 @@ def working_tree_size(repo: Path) -> int:
     """Bytes of what travels besides carried paths: tracked and untracked files
     that git does not ignore."""
     listing = g.out(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    total = 0
-    for rel in {p for p in listing.split("\0") if p}:
-        path = repo / rel
-        if path.is_file() and not path.is_symlink():
-            total += path.stat().st_size
-    return total
+    files = [repo / rel for rel in set(listing.split("\0")) if rel]
+    return sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink())
 
 
 def build_bundle(

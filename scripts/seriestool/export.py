@@ -1,32 +1,14 @@
 """``export``: write a branch of a vLLM checkout back into ``patches/``.
 
-Reproducible: exporting an unchanged branch gives byte-identical files,
-whatever the user's git configuration.  ``git format-patch`` runs in a scratch
-view of the checkout's objects (``scratch.view``: none of the repository's
-config, attributes, notes or replace refs) with the neutral configuration of
-``git.git``, and every option that a ``format.*`` or ``diff.*`` setting
-could change is given on the command line: ``--zero-commit`` (the ``From``
-line carries no commit id, which changes with every rebase),
-``--no-signature`` (no git version footer), ``--full-index`` and
-``--no-renames`` (every file section records both full blob ids, so
-``git am --3way`` can always fall back to a 3-way merge and the placement
-check always has them), ``--no-numbered`` (adding a patch does not rewrite
-every other file), the subject prefix, file-name length and suffix, no
-From/To/Cc/extra headers, attachments, sign-off, base info or notes, and no
-diff order file.  Export also refreshes the manifest: the patch list,
-subjects, stable patch IDs, the sha256 of each file and the base blob id of
-every touched file.  The rest is kept as it was, ``"series"."previous"``
-and ``"groups"`` included, but for the subjects of patches that are gone (no
-patch has that subject any more): those are dropped, with a note.
-
-Refusals, each changing nothing: an empty range (it would delete the series),
-a merge in the range, uncommitted changes under ``patches/`` (they would be
-overwritten), an empty commit (``git am`` stops at an empty patch), and a
-commit message that would not survive ``git am``: a subject ``git mailinfo``
-rewrites (a leading ``Re:`` or ``[PATCH ...]`` tag, whitespace around it),
-or a body it cuts (it ends a message at a line ``---`` or one starting
-``diff -``, so a Markdown-style underline would silently cut the rest of the
-message on the next apply).
+Reproducible whatever the user's git configuration: ``git format-patch`` runs
+in a scratch view of the checkout's objects (``scratch.view``) with every
+option a ``format.*`` or ``diff.*`` setting could change given explicitly
+(``FORMAT_PATCH``: full blob ids, so ``git am --3way`` and the placement
+check always have them; no commit ids, numbering or signature, which change
+for no reason).  The manifest is refreshed with it; its ``previous`` and
+``groups`` are kept but for subjects no patch has any more.  Refused, changing
+nothing: an empty range, a merge, uncommitted changes under ``patches/``, an
+empty commit, and a message ``git am`` would not give back as it is.
 """
 
 from __future__ import annotations
@@ -57,11 +39,7 @@ FORMAT_PATCH = (
 
 
 def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]:
-    """``git format-patch`` ``base..tip`` into ``out_dir``; returns the files in order.
-
-    Raises:
-        SeriesError: the range holds a merge commit (a series is linear).
-    """
+    """``git format-patch`` ``base..tip`` (linear) into ``out_dir``; returns the files."""
     base, tip = (
         g.out(repo, "rev-parse", "--verify", f"{base}^{{commit}}"),
         g.out(repo, "rev-parse", "--verify", f"{tip}^{{commit}}"),
@@ -82,17 +60,8 @@ def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]
 
 
 def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
-    """Refuse a commit whose message ``git am`` would not reproduce.
-
-    Compares the commit's subject and body with what ``git mailinfo`` (the
-    parser behind ``git am``, with the ``--keep-non-patch`` the series is
-    applied with) extracts from the patch file.
-
-    Raises:
-        SeriesError: the commit is empty (git am stops at an empty patch), or
-            git am would rewrite its subject or cut its body; naming the
-            commit, what git am would make of it, and the fix.
-    """
+    """Refuse an empty commit (git am stops at it), or one whose subject or body
+    ``git mailinfo`` (what ``git am`` reads a patch with) would not give back."""
     what = f"commit {commit[:12]} ({patch.name})"
     if g.out(repo, "rev-parse", f"{commit}^{{tree}}") == g.out(
         repo, "rev-parse", f"{commit}^^{{tree}}"
@@ -152,11 +121,8 @@ def refresh_manifest(
     patch_files: list[Path],
     log: Callable[[str], object] = print,
 ) -> manifest_mod.Manifest:
-    """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``.
-
-    ``previous`` and the groups are carried over as they are, but for subjects
-    no patch has any more: those are dropped, each with a note to ``log``.
-    """
+    """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``
+    (``previous`` and the groups kept, but for subjects no patch has any more)."""
     manifest.patches = [
         manifest_mod.PatchEntry(
             file=p.name,
@@ -207,14 +173,8 @@ def export_series(
     *,
     guard: interrupts.Guard,
 ) -> list[Path]:
-    """Export ``base..branch`` of ``repo`` into ``patch_dir`` and refresh the manifest.
-
-    Files are formatted into a temporary folder first; ``patch_dir`` is only
-    changed once everything succeeded.
-
-    Raises:
-        SeriesError: unknown branch or base, or a merge in the range.
-    """
+    """Export ``base..branch`` of ``repo`` into ``patch_dir`` and refresh the manifest;
+    ``patch_dir`` changes only once everything succeeded."""
     if not g.rev(repo, branch):
         raise SeriesError(
             f"{repo} has no branch or commit {branch!r} (BRANCH=): name the series branch there"

@@ -1,23 +1,13 @@
 """Thin wrappers around git's own commands, run hermetically.
 
-Every git call of the tooling goes through ``git()``.  It runs git:
-
-- with a neutral configuration: no system or global config file (only the
-  user's ``safe.directory`` entries are carried over, so a repository git
-  trusts stays trusted), and the settings below pinned on the command-line
-  scope, which beats the repository's own config;  hooks and every program a
-  setting can name (``core.fsmonitor``, ``diff.external``, ``gpg.program``,
-  the pager) are off;
-- with the ``GIT_*`` environment cleared except the author and committer
-  identity, and untranslated messages (callers quote git's errors);
-- in a session of its own, so a Ctrl-C at the terminal reaches the tool, which
-  stops at a safe point (``interrupts``), and never a git command half-way.
-
-What stays the user's: the repository's content conversions (``core.autocrlf``,
-``.gitattributes`` filters), since they decide how the user's work tree looks,
-and the identity that commits made in the user's checkout carry
-(``user_identity``).  Output the tool records (patches, patch IDs) is produced
-in scratch repositories that have no such settings (``scratch.view``).
+Every git call of the tooling goes through ``git()``: no system or global
+config (but the user's ``safe.directory`` entries), ``PINNED_CONFIG`` on the
+command-line scope, which beats the repository's own, no hooks and no
+program a setting can name, the ``GIT_*`` environment cleared but for the
+identity, untranslated messages, and a session of its own, so a Ctrl-C
+reaches the tool (``interrupts``), never a git command half-way.  What stays
+the user's: the repository's content conversions (``core.autocrlf``,
+``.gitattributes``), and the identity its commits carry (``user_identity``).
 """
 
 from __future__ import annotations
@@ -36,52 +26,27 @@ from .hints import no_checkout
 # Pinned on every call, on the command-line scope.
 PINNED_CONFIG = (
     # Nothing of the user's runs: hooks, file-system monitors, pagers, signing.
-    ("core.hooksPath", "/dev/null"),
-    ("core.fsmonitor", "false"),
-    ("core.pager", "cat"),
-    ("commit.gpgSign", "false"),
-    ("gc.auto", "0"),
-    ("maintenance.auto", "false"),
-    ("rerere.enabled", "false"),
-    ("rerere.autoUpdate", "false"),
-    ("submodule.recurse", "false"),
-    ("fetch.recurseSubmodules", "false"),
+    ("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false"), ("core.pager", "cat"),
+    ("commit.gpgSign", "false"), ("gc.auto", "0"), ("maintenance.auto", "false"),
+    ("rerere.enabled", "false"), ("rerere.autoUpdate", "false"),
+    ("submodule.recurse", "false"), ("fetch.recurseSubmodules", "false"),
     ("fetch.writeCommitGraph", "false"),
     # Output the tool reads or records.
-    ("color.ui", "false"),
-    ("core.quotePath", "false"),
-    ("core.abbrev", "12"),
-    ("diff.noprefix", "false"),
-    ("diff.mnemonicPrefix", "false"),
-    ("diff.srcPrefix", "a/"),
-    ("diff.dstPrefix", "b/"),
-    ("diff.relative", "false"),
-    ("diff.renames", "true"),
-    ("diff.algorithm", "myers"),
-    ("diff.indentHeuristic", "true"),
-    ("diff.suppressBlankEmpty", "false"),
-    ("diff.context", "3"),
-    ("diff.interHunkContext", "0"),
-    ("diff.ignoreSubmodules", "none"),
-    ("diff.submodule", "short"),
-    ("format.noprefix", "false"),
-    ("log.showSignature", "false"),
-    ("log.mailmap", "false"),
-    ("log.decorate", "false"),
-    ("status.renames", "false"),
-    ("i18n.commitEncoding", "UTF-8"),
+    ("color.ui", "false"), ("core.quotePath", "false"), ("core.abbrev", "12"),
+    ("diff.noprefix", "false"), ("diff.mnemonicPrefix", "false"), ("diff.srcPrefix", "a/"),
+    ("diff.dstPrefix", "b/"), ("diff.relative", "false"), ("diff.renames", "true"),
+    ("diff.algorithm", "myers"), ("diff.indentHeuristic", "true"),
+    ("diff.suppressBlankEmpty", "false"), ("diff.context", "3"), ("diff.interHunkContext", "0"),
+    ("diff.ignoreSubmodules", "none"), ("diff.submodule", "short"), ("format.noprefix", "false"),
+    ("log.showSignature", "false"), ("log.mailmap", "false"), ("log.decorate", "false"),
+    ("status.renames", "false"), ("i18n.commitEncoding", "UTF-8"),
     ("i18n.logOutputEncoding", "UTF-8"),
     # How patches apply and merge.
-    ("am.keepcr", "false"),
-    ("am.threeWay", "false"),
-    ("am.messageId", "false"),
-    ("mailinfo.scissors", "false"),
-    ("apply.whitespace", "nowarn"),
-    ("apply.ignoreWhitespace", "no"),
-    ("merge.conflictStyle", "merge"),
-    ("merge.renormalize", "false"),
-    ("advice.detachedHead", "false"),
-)
+    ("am.keepcr", "false"), ("am.threeWay", "false"), ("am.messageId", "false"),
+    ("mailinfo.scissors", "false"), ("apply.whitespace", "nowarn"),
+    ("apply.ignoreWhitespace", "no"), ("merge.conflictStyle", "merge"),
+    ("merge.renormalize", "false"), ("advice.detachedHead", "false"),
+)  # fmt: skip
 
 # Environment kept from the user's: who commits.
 _IDENTITY_ENV = (
@@ -104,6 +69,7 @@ def _safe_directories() -> tuple[str, ...]:
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the tool's git calls (``env``: for git-filter-repo too)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in _IDENTITY_ENV}
     settings = list(PINNED_CONFIG) + [("safe.directory", d) for d in _safe_directories()]
     env.update(
@@ -128,10 +94,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the tool's git calls, for programs that run git
-    themselves (git-filter-repo)."""
-    return _env(extra)
+env = _env
 
 
 def git(
@@ -142,15 +105,9 @@ def git(
     env: dict[str, str] | None = None,
     text: bool = True,
 ) -> subprocess.CompletedProcess:
-    """Run ``git -C repo args...`` hermetically (see the module doc).
-
-    A signal the tool deferred (``interrupts``) is acted on before the call:
-    the call raises ``interrupts.Interrupted`` instead of running.
-
-    Raises:
-        SeriesError: git exited non-zero and ``check`` is true; the message
-            carries the command and git's own stderr.
-    """
+    """Run ``git -C repo args...`` hermetically (see the module doc); a deferred
+    signal raises ``interrupts.Interrupted`` instead, and with ``check`` a
+    failure raises SeriesError with git's own stderr."""
     interrupts.check()
     cmd = [encode(a) for a in ("git", "-C", str(repo), *args)]
     proc = subprocess.run(
@@ -202,13 +159,8 @@ def toplevel(path: Path) -> Path:
 
 
 def checkout_top(path: Path) -> Path:
-    """``path``, the top of a git checkout (``VLLM=``), resolved.
-
-    Raises:
-        SeriesError: ``path`` is no checkout, or a folder inside one (a vLLM
-            vendored in a monorepo): commands for it would act on the whole
-            enclosing repository.
-    """
+    """``path``, the top of a git checkout (``VLLM=``), resolved; a folder inside
+    one (a vendored vLLM) is refused: commands would act on the whole repository."""
     path = Path(path)
     if not is_repo(path):
         raise SeriesError(f"{no_checkout(path)}: VLLM= must name the top of a vLLM git checkout")
@@ -248,10 +200,7 @@ def has_object(repo: Path, oid: str) -> bool:
 
 
 def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """``(mode, blob id)`` of each of ``paths`` that is a file in ``commit``.
-
-    Paths are matched literally; a path the tree lacks is left out.
-    """
+    """``(mode, blob id)`` of each of ``paths`` (literal) that is a file in ``commit``."""
     if not paths:
         return {}
     wanted = set(paths)
@@ -303,13 +252,9 @@ FALLBACK_NAME, FALLBACK_EMAIL = "vLLM loader series", "series@localhost"
 
 
 def user_identity(repo: Path) -> dict[str, str]:
-    """``GIT_COMMITTER_NAME``/``EMAIL`` as the user's own git would commit in ``repo``.
-
-    Read with the user's full configuration (``git var``: environment, repo,
-    global and system config); the fallback identity when none is configured.
-    The tool passes it per command, in the environment: it never writes
-    ``user.*`` into any repository's config.
-    """
+    """``GIT_COMMITTER_NAME``/``EMAIL`` as the user's own git would commit in ``repo``
+    (``git var`` with all their config; else the fallback identity), passed per
+    command: the tool never writes ``user.*`` into any config."""
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     proc = subprocess.run(
         ["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],

@@ -20,6 +20,11 @@ def make(target: str, **variables: str | None) -> str:
     return " ".join(["make", "-C", shlex.quote(str(ROOT)), target, *words])
 
 
+# How to end a rebase session that keeps a conflict.
+REBASE_OPEN = (f"finish it with\n    {make('rebase', CONTINUE='1')}\nor undo it with\n"
+               f"    {make('rebase', ABORT='1')}")  # fmt: skip
+
+
 def git(repo: Path | str, *args: str) -> str:
     """``git -C <repo> args...``."""
     return " ".join(["git", "-C", shlex.quote(str(repo)), *(shlex.quote(a) for a in args)])

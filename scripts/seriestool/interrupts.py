@@ -1,15 +1,11 @@
 """SIGINT, SIGTERM and SIGHUP, acted on at safe points only.
 
-While ``deferred()`` is active a signal is only recorded.  The next git call
-(``git.git`` calls ``check()`` first) raises ``Interrupted`` instead of
-running, so the command stops between two git commands, never inside one,
-and its ``except``/``finally`` blocks undo what it did.  Code that undoes
-work runs ``shielded()``: a second Ctrl-C must not stop the restore itself.
-
-git runs in a session of its own (``git.git``), so a Ctrl-C at the terminal,
-which signals the whole foreground process group, reaches the tool but not
-the git command it is waiting for.  Other programs the tool waits for (pip,
-pytest) are passed the signal by ``run()``, so they stop promptly.
+While ``deferred()`` is active a signal is only recorded; the next git call
+(``git.git`` calls ``check()``) raises ``Interrupted`` instead of running, so
+a command stops between two git commands and its handlers undo its work,
+``shielded()`` from a second signal.  git runs in a session of its own, out of
+reach of a terminal's Ctrl-C; programs run with ``run()`` (pip, pytest) are
+passed the signal.
 """
 
 from __future__ import annotations

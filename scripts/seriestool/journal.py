@@ -1,33 +1,16 @@
 """Changes to a user's checkout that are undone exactly, even after a crash.
 
-A ``Transaction`` writes a journal into the checkout's git folder
-(``<git dir>/seriestool-journal/``) before its first change: the raw bytes of
-HEAD, ORIG_HEAD, the index and the config, every ref, the paths the change
-may create, and its ``Scope``: what the change may do (the tracked paths it
-may write and with what, the refs it may create or move, the config keys it
-may set, whether it runs ``git am`` there).  ``rollback()`` puts it all back:
-
-- the work tree: every tracked file whose content differs from the saved
-  index is checked out again from it (with the repository's own
-  conversions, as git first wrote it); a path the transaction created is
-  removed when git wrote it (it is in the index, or holds a blob the change
-  writes there), and the folders made for it when empty.  Untracked and
-  ignored files are never touched: the caller refused to start when one was
-  in the way;
-- the index, HEAD, ORIG_HEAD and config: their saved bytes;
-- refs: those made since are deleted, those moved are put back;
-- an am session and lock files that git left there are removed.
-
-``commit()`` removes the journal: the change stands.  A journal found later
-(the tool was killed) is a leftover: ``refuse_leftover`` names the one
-command that rolls it back (``seriestool restore``).  By then the user may
-have worked in the checkout: ``foreign_changes()`` lists what changed that
-the change could not have made (a ref outside its scope created or moved,
-HEAD on another branch, the config edited, a tracked file outside its
-paths modified, content it never writes), and ``refuse_foreign_changes``
-refuses a rollback that would undo those too, unless the user forces it.
-Objects written into the repository are not removed: unreferenced, they
-change nothing and git prunes them.
+Before its first change a ``Transaction`` writes a journal into the checkout's
+git folder (``seriestool-journal/``): the raw bytes of HEAD, ORIG_HEAD, the
+index and the config, every ref, the paths it may create, and its ``Scope``
+(what the change may write, move or set).  ``rollback()`` puts all of it back:
+tracked files from the saved index (created ones removed when git wrote
+them; untracked and ignored files are never touched), refs, HEAD, index,
+config, and git's leftovers.  ``commit()`` drops the journal.  A journal found
+later is a killed run's: ``refuse_leftover`` names ``seriestool restore``,
+which first refuses (``refuse_foreign_changes``) when the user changed the
+checkout since in ways the change could not have made.  Objects are not
+removed: unreferenced, they change nothing.
 """
 
 from __future__ import annotations
@@ -99,11 +82,8 @@ class Journal:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` (not this one) still runs.
-
-    A zombie (killed or exited, not yet reaped by its parent) does not: it
-    can no longer change anything, though ``kill(pid, 0)`` still finds it.
-    """
+    """Whether process ``pid`` (not this one) still runs: a zombie, which
+    ``kill(pid, 0)`` still finds, can no longer change anything."""
     if pid == os.getpid():
         return False
     try:
@@ -128,16 +108,9 @@ def _zombie(pid: int) -> bool:
 
 @contextlib.contextmanager
 def locked(repo: Path) -> Iterator[None]:
-    """Hold ``repo``'s lock while a command changes it: one at a time per checkout.
-
-    The lock is ``flock`` on the checkout's git folder itself: no file is
-    written, and the kernel releases it when the holder ends however it
-    ends, so a killed run never leaves a stale lock (what it left part-way
-    is the journal's, and the next run names the command that undoes it).
-
-    Raises:
-        SeriesError: another process holds it; names that process.
-    """
+    """Hold ``repo``'s lock while a command changes it: one at a time per checkout,
+    a second refused naming the first.  ``flock`` on the checkout's git folder:
+    no file is written, and the kernel releases it however its holder ends."""
     if not g.is_repo(repo):  # nothing to lock: the command itself refuses it
         yield
         return
@@ -222,12 +195,8 @@ class Transaction:
 
     @classmethod
     def begin(cls, repo: Path, op: str, created: dict[str, set[str]], scope: Scope) -> Transaction:
-        """Journal ``repo``'s state before ``op`` changes it.
-
-        ``created``: paths HEAD lacks that the change may write, each with the
-        blob ids it may write there; the caller checked they are free.
-        ``scope``: all the change may do (``created`` among its paths).
-        """
+        """Journal ``repo``'s state before ``op`` changes it (``created``: paths HEAD
+        lacks, checked free, with the blob ids the change may write there)."""
         repo = g.toplevel(repo)
         gdir, cdir = g.git_dir(repo), g.common_dir(repo)
         index, orig_head = gdir / "index", gdir / "ORIG_HEAD"
@@ -283,24 +252,15 @@ class Transaction:
         shutil.rmtree(self.dir)
 
     def rollback(self, keep_refs=()) -> list[str]:
-        """Put the checkout back as journaled; returns notes on anything left.
-
-        It undoes whatever changed since the journal, the change's work or
-        not: where the user may have worked since (a leftover journal), call
-        ``refuse_foreign_changes`` first.  ``keep_refs``: refs the change made
-        that stay (e.g. a branch holding a finished rebase).
-        """
+        """Put the checkout back as journaled, whatever changed since (see
+        ``refuse_foreign_changes``); returns notes on anything left.  ``keep_refs``:
+        refs the change made that stay (a branch holding a finished rebase)."""
         with interrupts.shielded():
             return self._rollback(set(keep_refs))
 
     def refuse_foreign_changes(self, force_command: str) -> None:
-        """Refuse when a rollback would undo more than the change's own work.
-
-        Raises:
-            SeriesError: the checkout changed in ways the change could not
-                have made; the message lists them and ``force_command``, the
-                command that rolls back anyway.  Nothing is changed.
-        """
+        """Refuse, naming ``force_command``, when a rollback would undo more than
+        the change's own work."""
         found = self.foreign_changes()
         if found:
             op = self.journal.op
@@ -419,11 +379,8 @@ class Transaction:
         return found
 
     def _changed_files(self, tmp: Path) -> list[str]:
-        """Tracked files (of the saved index) whose content differs from it.
-
-        Read with a refreshed copy of the saved index, left in ``tmp/index``:
-        file stats alone (a copied checkout, a touched file) do not count.
-        """
+        """Tracked files whose content differs from the saved index (read with a
+        refreshed copy of it, left in ``tmp/index``: file stats alone do not count)."""
         if not self.journal.had_index:
             return []
         # copy2: the index keeps its mtime, by which git tells a file changed
@@ -536,12 +493,8 @@ def _config_entries(repo: Path, config: Path) -> list[tuple[str, str]]:
 
 
 def refuse_leftover(repo: Path) -> None:
-    """Refuse to work on a checkout an interrupted change left part-way.
-
-    Raises:
-        SeriesError: a journal is there; the message names the one command
-            that restores the checkout (or, if its process still runs, says so).
-    """
+    """Refuse a checkout an interrupted change left part-way, naming the one
+    command that restores it."""
     tx = Transaction.load(repo)
     if tx is None:
         return
@@ -551,11 +504,7 @@ def refuse_leftover(repo: Path) -> None:
             f"another seriestool {j.op} (pid {j.pid}) is changing {tx.repo}; wait for it"
         )
     if j.op == "rebase":  # a session keeping a conflict there: only the rebase ends it
-        raise SeriesError(
-            f"a rebase keeping a conflict works in {tx.repo}; finish it with\n"
-            f"    {hints.make('rebase', CONTINUE='1')}\nor undo it with\n"
-            f"    {hints.make('rebase', ABORT='1')}"
-        )
+        raise SeriesError(f"a rebase keeping a conflict works in {tx.repo}; {hints.REBASE_OPEN}")
     raise SeriesError(
         f"an interrupted {j.op} left {tx.repo} part-way (journal {tx.dir}). Undo what that"
         f" {j.op} did, and nothing else, with:\n    {restore_command(tx.repo)}\n(it refuses,"

@@ -1,31 +1,15 @@
 """The series manifest, ``patches/series.json``: the pinned base and the patches.
 
-One file records, once, everything the tooling checks against:
-
-- the base: vLLM version, upstream commit (abbreviated, as the sdist's
-  ``vllm/_version.py`` records it), the PyPI sdist name and sha256, the commit
-  id of the materialised base (fixed identity and dates, so identical on every
-  machine) and the git blob id, in the base, of every file the series touches
-  (``null`` for a file the series creates);
-- the patches, in order: file name, subject, stable patch ID
-  (``git patch-id --verbatim``: whitespace counts, since indentation is
-  meaning in Python; it identifies a change across rebases) and the sha256 of
-  the file's bytes (it pins everything else: author, message, line numbers);
-- regression tests: upstream vLLM test files, outside the patches, that cover
-  the touched code and run with every prefix of the series, and the node-id
-  prefixes deselected from them with the reason (network, or failing on the
-  base already);
-- optionally, in ``"series"``, ``"previous"``: which patches of the previous
-  version each patch derives from (patch subject -> list of previous-version
-  subjects: one for a rewrite or a piece split from it, several for a merge),
-  so that ``compare`` pairs a rewrite that ``git range-diff`` cannot.
-  Subjects, not file names, so renumbering and re-export keep it.  Written
-  only when non-empty: a manifest without it round-trips byte for byte.
-- optionally, in ``"series"``, ``"groups"``: the pull requests the series is
-  meant to go upstream as, each ``{"name", "patches" (subjects), "depends"
-  (group names), "upstream" (false: fork-only), "why"}``.  A group is applied
-  onto the base as the patches of the groups it depends on, transitively,
-  then its own, in series order (``group_patches``).
+It records, once, everything the tooling checks against: the base (vLLM
+version, the upstream commit its sdist records, the sdist's name and sha256,
+the commit the sdist is materialised as, and the blob id in it of every file
+the series touches, ``null`` for a file the series creates); the patches in
+order (file, subject, stable patch ID from ``git patch-id --verbatim``, since
+indentation is meaning in Python, and the sha256 of the file's bytes); the
+upstream regression tests run with every prefix, with what they deselect
+and why; and, in ``"series"``, optionally ``"previous"`` (patch subject ->
+the previous version's subjects it derives from, for ``compare``) and
+``"groups"`` (the pull requests the series goes upstream as, for ``pr``).
 """
 
 from __future__ import annotations
@@ -141,13 +125,9 @@ def normalise(subject: str) -> str:
 
 
 def previous_problems(manifest: Manifest) -> list[str]:
-    """What is wrong with ``manifest.previous`` (empty: nothing).
-
-    Every key must be the subject of one of the manifest's patches (compared
-    with whitespace normalised), at most once; every value a non-empty list
-    of subjects.  The values name the previous version's patches, which this
-    manifest does not list: ``compare`` reports one that names no patch there.
-    """
+    """What is wrong with ``manifest.previous``: each key must be a patch's subject,
+    once; each value a non-empty list of subjects (of the previous version's
+    patches, which ``compare`` checks)."""
     field = '"series"."previous"'
     if not isinstance(manifest.previous, dict):
         return [
@@ -182,11 +162,7 @@ def previous_problems(manifest: Manifest) -> list[str]:
 
 def group_patches(manifest: Manifest, name: str) -> list[PatchEntry]:
     """The patches group ``name`` is applied as, in series order: its own and
-    those of the groups it depends on, transitively.
-
-    Raises:
-        SeriesError: an unknown group (listing the groups) or a dependency cycle.
-    """
+    those of the groups it depends on, transitively (a cycle is refused)."""
     groups = {group.name: group for group in manifest.groups}
     subjects: set[str] = set()
 
@@ -206,13 +182,9 @@ def group_patches(manifest: Manifest, name: str) -> list[PatchEntry]:
 
 
 def group_problems(manifest: Manifest) -> list[str]:
-    """What is wrong with ``manifest.groups`` (empty: nothing, or no groups).
-
-    Every patch is in exactly one group, every subject a group names is a
-    patch's, every dependency a group, with no cycle, and every group's
-    patches come after those of the groups it depends on (so applying the
-    set in series order applies the dependencies first).
-    """
+    """What is wrong with ``manifest.groups``: every patch must be in one group,
+    every subject a group names a patch's, every dependency a group (no cycle),
+    and a group's patches after those of the groups it depends on."""
     subjects = {normalise(p.subject): n for n, p in enumerate(manifest.patches)}
     names = [group.name for group in manifest.groups]
     found = [f"two groups are named {n!r}" for n in sorted(set(names)) if names.count(n) > 1]
@@ -247,13 +219,7 @@ def group_problems(manifest: Manifest) -> list[str]:
 
 
 def load(path: Path = MANIFEST_PATH) -> Manifest:
-    """Read and validate the manifest.
-
-    Raises:
-        SeriesError: the file is missing, not JSON, or lacks a field, or its
-            ``"previous"`` names a subject none of its patches has; the
-            message names the file and the field (or the subject).
-    """
+    """Read and validate the manifest; a refusal names the file and the field."""
     try:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:

@@ -36,11 +36,7 @@ _numstats: dict[str, list[str]] = {}
 
 
 def patch_id_of_file(path: Path) -> str:
-    """Stable patch ID of a format-patch file.
-
-    Raises:
-        SeriesError: the file holds no diff git can read.
-    """
+    """Stable patch ID of a format-patch file."""
     key = sha256_of_file(path)
     if key not in _patch_ids:
         pid = patch_id_of_text(path.read_bytes(), path.parent)
@@ -73,13 +69,9 @@ def subject_of_file(path: Path) -> str:
 def commit_patch_ids(
     repo: Path, rev_range: str, paths: Sequence[str] = (), max_count: int | None = None
 ) -> list[tuple[str, str]]:
-    """(commit, stable patch ID) for each non-merge commit of ``rev_range``.
-
-    One ``git log -p | git patch-id`` pipeline for the whole range, so
-    thousands of commits cost two processes.  With ``paths``, each commit's
-    diff is limited to them (commits touching none of them are skipped).
-    Commits are listed oldest first; ``max_count`` keeps only the newest ones.
-    """
+    """(commit, stable patch ID) for each non-merge commit of ``rev_range``, oldest
+    first, by one ``git log -p | git patch-id`` pipeline; with ``paths``, diffs
+    on them only; ``max_count``: the newest ones only."""
     args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff", "--no-textconv",
             "--format=commit %H"]  # fmt: skip
     if max_count is not None:
@@ -99,13 +91,8 @@ def patch_ids_of_log(repo: Path, log: bytes) -> list[tuple[str, str]]:
 def patch_ids_of_commits(
     repo: Path, commits: Sequence[str], pathspecs: Sequence[str] = (), unified: int | None = None
 ) -> dict[str, str]:
-    """Stable verbatim patch ID of each given commit, in one pipeline.
-
-    The same ``git log -p`` options as ``commit_patch_ids``, so the IDs are
-    comparable with it.  ``unified=0`` leaves the context lines out: the ID is
-    then that of the change alone, unmoved by edits next to it.  A commit with
-    no diff (on ``pathspecs``) has no entry.
-    """
+    """Stable verbatim patch ID of each commit with a diff (on ``pathspecs``), in one
+    pipeline comparable with ``commit_patch_ids`` (``unified=0``: context left out)."""
     context = [] if unified is None else [f"--unified={unified}"]
     log = g.git(
         repo, "log", "-p", *context, "--no-walk=unsorted", "--stdin", "--no-merges", "--no-color",
@@ -116,13 +103,9 @@ def patch_ids_of_commits(
 
 
 def files_touched(repo: Path, patch: Path) -> list[str]:
-    """Paths a patch file changes, both sides of renames, as git parses them.
-
-    ``git apply --numstat`` names each file's post-image path; applied in
-    reverse (``-R``) it names the pre-image path, so a rename contributes both.
-    It runs at the top of ``repo``'s work tree: from a subdirectory, git apply
-    would ignore every path outside it.
-    """
+    """Paths a patch file changes, both sides of renames (``git apply --numstat``,
+    forward and ``-R``), run at the top of ``repo``: git apply ignores paths
+    outside the folder it runs in."""
     key = sha256_of_file(patch)
     if key not in _numstats:
         cwd = g.toplevel(repo) if g.is_repo(repo) else repo
@@ -146,16 +129,9 @@ def am(
     env: dict[str, str] | None = None,
     hooks: Path | None = None,
 ) -> None:
-    """``git am [--3way]`` the patches onto HEAD of ``repo``.
-
-    Every option that a setting could change is given explicitly; hooks are
-    off (``git.git``), unless ``hooks`` names a folder the tool made itself.
-    The committer is ``env``'s, else the user's (``git.user_identity``).
-
-    Raises:
-        SeriesError: a patch did not apply; the am session is left in
-            progress for the caller to report and abort.
-    """
+    """``git am [--3way]`` the patches onto HEAD of ``repo``, every option a setting
+    could change given; hooks off but ``hooks`` (the tool's own); committer:
+    ``env``'s, else the user's.  A failure leaves the am session to the caller."""
     # --keep-non-patch: strip only "[PATCH]", keep "[Model Loader]"-style tags.
     args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors",
             "--no-message-id", "--no-gpg-sign", "--no-signoff", "--whitespace=nowarn"]  # fmt: skip
@@ -172,14 +148,9 @@ def am(
 
 
 def images(patches: Sequence[Path]) -> list[Image]:
-    """For each patch: ``{path: (preimage, postimage)}`` as its ``index`` lines record them.
-
-    Read by git itself (``git apply --build-fake-ancestor``, forward for the
-    preimage and reversed for the postimage), in an empty repository: only
-    the patch text is needed.  ``None`` is a file absent on that side (created
-    or deleted).  A file whose section records no blob ids (a mode change
-    alone) is left out: its content does not change.
-    """
+    """For each patch: ``{path: (preimage, postimage)}`` as its ``index`` lines record
+    them (``git apply --build-fake-ancestor``, forward and reversed, in an empty
+    repository); None: absent on that side.  A mode change alone is left out."""
     return images_and_paths(patches)[0]
 
 
@@ -239,11 +210,8 @@ def _fake_ancestor(
 def states(
     base: dict[str, str | None], patch_images: Sequence[Image]
 ) -> list[dict[str, str | None]]:
-    """Blob id of every file after each prefix of the series: ``[base, after 1, ..., after n]``.
-
-    ``base``: blob id (None: absent) of every file the series touches, as the
-    manifest records it.
-    """
+    """Blob id of every file after each prefix of the series, ``[base, after 1, ...]``
+    (``base``: as the manifest records it, None for an absent file)."""
     current = dict(base)
     result = [dict(current)]
     for image in patch_images:
@@ -265,11 +233,7 @@ _UNMERGED_KINDS = {
 
 
 def unmerged_paths(checkout: Path) -> list[tuple[str, str]]:
-    """``(code, path)`` of every unmerged path, ``code`` as ``git status`` shows it.
-
-    ``UU`` both modified, ``AA`` both added, ``DU``/``UD`` modify/delete,
-    ``AU``/``UA``/``DD`` the leftovers of rename conflicts.
-    """
+    """``(code, path)`` of every unmerged path, ``code`` as ``git status`` shows it."""
     raw = g.out(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=no")
     tokens = iter(raw.split("\0"))
     found = []
@@ -285,14 +249,9 @@ def unmerged_paths(checkout: Path) -> list[tuple[str, str]]:
 
 
 def describe_conflict(code: str, path: str, marker_lines: Sequence[int], ours: str) -> str:
-    """One report line for an unmerged ``path`` with ``git status`` code ``code``.
-
-    ``marker_lines``: line numbers of the ``<<<<<<<`` markers in the work-tree
-    file; they are what a both-modified (``UU``) or both-added (``AA``) file
-    reports.  Any other code is a conflict about the file's existence, which
-    markers cannot show: it is named as such.  ``ours`` names HEAD's side
-    (e.g. "the new base").
-    """
+    """One report line for an unmerged ``path`` with ``git status`` code ``code``: the
+    ``<<<<<<<`` ``marker_lines`` of a both-modified or both-added file, else the
+    kind of conflict about its existence (``ours``: HEAD's side, in words)."""
     if code in ("UU", "AA"):
         where = f" at line {', '.join(map(str, marker_lines))}" if marker_lines else ""
         both = " (added on both sides)" if code == "AA" else ""

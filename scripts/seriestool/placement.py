@@ -1,14 +1,10 @@
 """Did ``git am`` put a patch where its recorded preimage says it belongs?
 
-git applies a hunk at the nearest place its context matches.  When the target
-file is not the patch's preimage, that can be the wrong copy of a repeated
-block, and ``git am`` reports success.  The patch's ``index`` line names its
-preimage blob, so the tool can know better: for every file whose blob in the
-target differs from the preimage, ``git am``'s result is compared with a
-3-way merge (``git merge-file``: ours the target, base the preimage, theirs
-the postimage).  Any disagreement, or a merge that conflicts where ``git am``
-applied cleanly, is reported; the callers stop as on a conflict.  When the
-target file is the preimage, the result must be the postimage itself.
+git applies a hunk where its context matches nearest, which can be the wrong
+copy of a repeated block.  The patch's ``index`` line names its preimage, so
+for a file whose target blob is not that preimage, ``git am``'s result is
+compared with a 3-way merge (``git merge-file``: the target, the preimage,
+the postimage); on the preimage itself, the result must be the postimage.
 """
 
 from __future__ import annotations

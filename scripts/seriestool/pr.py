@@ -1,16 +1,10 @@
 """``pr``: one pull-request group of the series as a branch, and its description.
 
-The group (``"series"."groups"``) is applied with the groups it depends on,
-in series order, onto the commit ``export`` takes as the series' base, in a
-scratch repository reading the checkout's objects, each commit checked as
-``apply`` checks it.  Only then is branch ``pr/<group>`` created in the
-checkout, in one atomic step; nothing else there changes, and a refusal
-(an unknown or fork-only group, an existing branch, an inconsistent
-manifest) changes nothing.  ``--signoff``: the user (``git var GIT_COMMITTER_IDENT``) becomes
-the author and signs each commit off, as the DCO asks; no config is written.
-The description follows vLLM's pull-request template: each patch message
-but its "Validation" section under Purpose, the tests the patches add or
-change under Test Plan, the "Validation" sections under Test Result.
+The group (``"series"."groups"``) and those it depends on are applied in a
+scratch repository onto the series' base, checked as ``apply`` checks them;
+only then is branch ``pr/<group>`` created, in one atomic step.
+``--signoff``: the user becomes the author and signs each commit off (DCO).
+The description follows vLLM's pull-request template, from the patch messages.
 """
 
 from __future__ import annotations

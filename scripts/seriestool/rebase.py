@@ -1,71 +1,15 @@
-"""``rebase``: carry the series to another upstream revision.
+"""``rebase``: carry the series to another upstream revision (docs/rebase.md).
 
-``rebase --to X`` moves the series from its pinned base to ``X``:
-
-- ``X`` a version (``0.32.0``, ``v0.32.0``): the new base is materialised from
-  its PyPI sdist exactly like the pinned base (``base.materialise``: pip checks
-  the hash the index publishes; cached and reproducible);
-- ``X`` a commit or tag: it must be in the checkout given with ``--vllm``.
-
-All the work happens in a scratch clone under ``work/rebase/<X>/``: the old
-series is re-applied onto the old base (for the range-diff), then each patch
-is applied onto the new base with ``git am --3way``, one at a time:
-
-- plain ``git apply --check`` passes → **applied**; otherwise the 3-way
-  fallback merged it → **applied (3-way)**; either way only when ``git am``'s
-  result agrees, file by file, with a 3-way merge from the patch's recorded
-  preimage (``placement``): git applies a hunk at the nearest matching
-  context, which can be the wrong copy of a repeated block, and a
-  disagreement is a **conflict** naming the patch, file and hunk;
-- its stable patch ID is a commit of upstream's history between the old and
-  the new base (computable only when both bases share history, e.g. commits
-  of a real vLLM checkout; sdist imports do not) → **dropped (absorbed)**,
-  not applied;
-- ``git am`` merged it to no change at all ("No changes -- Patch already
-  applied") → **dropped (absorbed)**: upstream absorbed it;
-- anything else → **conflict**: the rebase stops and reports the patch, each
-  file left unmerged with its kind of conflict (from ``git status``'s
-  two-letter code: a file changed on both sides shows its conflict hunks, the
-  line of each ``<<<<<<<`` marker; a file deleted on one side and changed on
-  the other shows ``modify/delete`` and which side deleted it) and git's own
-  ``error:`` lines.  Without ``--keep-conflict`` the scratch clone is
-  discarded and the user's checkout was never touched.  With
-  ``--keep-conflict`` the ``git am`` session stays in progress, in the user's
-  ``--vllm`` checkout on a new branch (the checkout is journaled first,
-  ``journal``, so it can be restored byte for byte) or in
-  ``work/rebase/<X>/vllm``; the session is recorded in
-  ``work/rebase/state.json``.  Only a ``git am`` session verified to be in
-  progress is kept: when ``git am`` gave up without one (nothing to resolve
-  in the checkout), the run is undone as without ``--keep-conflict`` and
-  says so, and ``--continue`` refuses a session whose ``git am`` was never
-  left in progress (a clean checkout is no consent to skip a patch).
-  After resolving and ``git add``: ``rebase --continue`` (``make rebase
-  CONTINUE=1``) finishes the patch (a resolution to no change makes it
-  **dropped (resolved to no change)**; a ``git am --skip`` by hand makes it
-  **dropped (skipped by hand)**: its change is not in the new series),
-  applies the rest and goes on with the success steps; ``rebase --abort``
-  (``ABORT=1``) aborts the ``git am`` and restores the checkout exactly.
-
-A result with no patch left (every patch dropped) is refused, changing
-nothing, as ``export`` refuses an empty range: it would delete the series.
-
-On success: the new series is exported with ``export.format_patches``
-(reproducible; files are renumbered contiguously, so a dropped patch shifts
-the numbers of the ones after it) into ``work/rebase/<X>/staging`` with a
-refreshed manifest (base version, upstream commit, sdist name and sha256,
-materialised base commit, touched-file blob ids, patch IDs and list; the
-rest kept, ``"previous"`` less the entries of dropped patches), the
-range-diff of old series vs new series goes into ``work/rebase/<X>/report.md``
-(also printed), and the series' tests (``seriestest.check_prefixes``) run
-against the new base unless ``--skip-tests``.  Only then is ``patches/``
-replaced: a complete copy is built next to it (``patches.rebase-new``; it is
-complete once renamed from ``patches.rebase-new.partial``), then two renames
-swap it in.  Every ``rebase`` invocation first finishes or undoes a swap that
-was interrupted, so ``patches/`` is never left half-written, and a re-run
-after a killed rebase discards its scratch work (or, for a ``--keep-conflict``
-session that touched a checkout, refuses and points to ``--continue`` /
-``--abort``).  A start refused before it had anything to report (e.g. a
-version the index does not have) leaves no ``work/rebase/<X>/`` behind.
+The work happens in a scratch clone under ``work/rebase/<to>/``: the old
+series on the old base (the left side of the range-diff), then each patch onto
+the new base with ``git am --3way``, its result checked against a 3-way merge
+from its recorded preimage (``placement``).  A conflict ends the run, changing
+nothing; with ``--keep-conflict`` its ``git am`` session stays instead, in the
+``--vllm`` checkout (journaled first) or the scratch clone, recorded in
+``work/rebase/state.json`` for ``--continue`` and ``--abort``.  On success the
+new series is exported into ``staging/`` with its manifest, range-diffed and
+tested; only then does it replace ``patches/``, by two renames.  Every run first
+finishes or undoes a replacement that a killed run left half-way.
 """
 
 from __future__ import annotations
@@ -101,7 +45,7 @@ from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
-from .apply import default_checkout, refuse_unsafe_state
+from .apply import default_checkout, refuse_unsafe_state, switch
 from .audit import UPSTREAM_REPOSITORIES
 from .errors import SeriesError
 from .report import table
@@ -127,6 +71,7 @@ PENDING = "pending"
 OLD_BRANCH = "series-old"  # the old series on the old base, in the scratch clone
 NEW_REF = "refs/heads/series-new"  # the new series, fetched into the scratch clone
 MANIFEST = manifest_mod.MANIFEST_PATH.name  # beside the patches: replaced with them
+_CONTINUE, _ABORT = hints.make("rebase", CONTINUE="1"), hints.make("rebase", ABORT="1")
 
 
 # --------------------------------------------------------------------------
@@ -258,7 +203,7 @@ def state_path() -> Path:
 
 
 def _siblings(patch_dir: Path) -> tuple[Path, Path, Path]:
-    """(partial, new, old) folders next to ``patch_dir`` used by the swap."""
+    """The swap's (partial, new, old) folders next to ``patch_dir``."""
     name = patch_dir.name
     return (
         patch_dir.with_name(f"{name}.rebase-new.partial"),
@@ -268,16 +213,9 @@ def _siblings(patch_dir: Path) -> tuple[Path, Path, Path]:
 
 
 def recover_swap(patch_dir: Path, log: Log = print) -> None:
-    """Finish or undo a swap of ``patch_dir`` that a killed rebase left.
-
-    ``<patches>.rebase-new`` exists only once complete and verified (it is
-    renamed from ``.partial``), so a swap found with it is finished; a
-    ``.partial`` copy is discarded.
-
-    Raises:
-        SeriesError: the folders are in a state no swap leaves (all three
-            present); the message names them and what to keep.
-    """
+    """Finish or undo a swap of ``patch_dir`` that a killed rebase left:
+    ``<patches>.rebase-new`` exists only once complete (renamed from
+    ``.partial``, which is discarded), so a swap that has it is finished."""
     partial, new, old = _siblings(patch_dir)
     if partial.exists():
         shutil.rmtree(partial)
@@ -307,11 +245,8 @@ def recover_swap(patch_dir: Path, log: Log = print) -> None:
 
 
 def swap_in(staging: Path, patch_dir: Path) -> None:
-    """Replace ``patch_dir``'s patches and manifest with ``staging``'s.
-
-    Files of ``patch_dir`` that are neither ``*.patch`` nor the manifest are
-    carried over.  See :func:`recover_swap` for interrupted swaps.
-    """
+    """Replace ``patch_dir``'s patches and manifest with ``staging``'s (its
+    other files are carried over)."""
     partial, new, old = _siblings(patch_dir)
     if partial.exists():
         shutil.rmtree(partial)
@@ -359,29 +294,19 @@ def _upstream_commit_of(repo: Path, commit: str) -> str | None:
     return base_mod.upstream_commit_in(proc.stdout) if proc.returncode == 0 else None
 
 
-def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> int:
-    """Copy into ``dst`` the blobs the patches' ``index`` lines name.
-
-    ``git am --3way`` rebuilds the patch's base from the preimages, and the
-    placement check merges preimage and postimage; a checkout of another
-    upstream revision may lack them.  Only unreferenced objects are added: no
-    ref, index or work-tree file of ``dst`` changes.
-    """
+def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
+    """Copy into ``dst`` (as unreferenced objects) the blobs the patches' ``index``
+    lines name: ``git am --3way`` and the placement check need them, and a
+    checkout of another upstream revision may lack them."""
     wanted = set()
     for patch in patches:
         for m in _INDEX_LINE.finditer(patch.read_text(encoding="utf-8", errors="replace")):
             wanted.update(m.groups())
-    wanted.discard(_NULL_OID)
-    copied = 0
-    for oid in sorted(wanted):
-        if g.git(dst, "cat-file", "-e", oid, check=False).returncode == 0:
-            continue
+    for oid in sorted(wanted - {_NULL_OID}):
         proc = g.git(src, "cat-file", "blob", oid, check=False, text=False)
-        if proc.returncode != 0:
-            continue  # am will say which blob is lacking
-        g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=proc.stdout, text=False)
-        copied += 1
-    return copied
+        if not g.has_object(dst, oid) and proc.returncode == 0:  # else am names what it lacks
+            g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=proc.stdout,
+                  text=False)  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -397,21 +322,11 @@ def start(
     patch_dir: Path = manifest_mod.PATCH_DIR,
     pip_args: Sequence[str] = (),
     log: Log = print,
-    command: str | None = None,
     *,
     guard: interrupts.Guard,
 ) -> int:
-    """Rebase the series in ``patch_dir`` onto ``to``; see the module doc.
-
-    Returns:
-        0 when the series was rebased and ``patch_dir`` replaced.
-
-    Raises:
-        SeriesError: a refusal (bad target, inconsistent series, a session in
-            progress), a conflict (after the report is written; with
-            ``keep_conflict`` the session stays open), or failing tests;
-            ``patch_dir`` is unchanged in every case.
-    """
+    """Rebase the series in ``patch_dir`` onto ``to`` (see the module doc): 0 once
+    ``patch_dir`` is replaced; else a refusal, with ``patch_dir`` unchanged."""
     patch_dir = _layout(patch_dir, log)
     _clear_stale_session(log)
     manifest = manifest_mod.load(patch_dir / MANIFEST)
@@ -456,23 +371,18 @@ def start(
                 f"    cp -r {shlex.quote(f'{patch_dir}/.')} /tmp/series-copy &&"
                 f" {hints.make('rebase', TO=to, VLLM=str(user), PATCHES='/tmp/series-copy')}"
             )
-        if new_commit == manifest.base.commit:
-            raise SeriesError(
-                f"the series is already based on {to} ({new_commit[:12]}); pass another"
-                " version or commit as TO="
-            )
     elif version is not None:
         kind = "version"
         slug = version
-        if version == manifest.base.version:
-            raise SeriesError(
-                f"the series is already based on {manifest.base.project} {version}; pass"
-                " another version or commit as TO="
-            )
     else:
         raise SeriesError(
             f"TO={to!r} is not a version such as 0.32.0; a commit or tag needs VLLM="
             " naming a checkout that contains it"
+        )
+    if (new_commit or version) in (manifest.base.commit, manifest.base.version):
+        raise SeriesError(
+            f"the series is already based on {manifest.base.project} {to}; pass another"
+            " version or commit as TO="
         )
 
     work = base_mod.WORK_DIR / "rebase" / slug
@@ -488,13 +398,12 @@ def start(
         to=to, slug=slug, kind=kind, keep=keep_conflict, skip_tests=skip_tests,
         phase="running", pid=os.getpid(), work=str(work), scratch=str(scratch),
         checkout=str(user if keep_in_user else scratch), branch=branch,
-        patch_dir=str(patch_dir),
-        command=command or _command_line(to, vllm, keep_conflict, skip_tests, patch_dir,
-                                         pip_args),
+        patch_dir=str(patch_dir), command="",
         user_checkout=str(user) if keep_in_user else "", vllm=str(user) if user else "",
         pip_args=list(pip_args),
         patches=[PatchStatus(p.file, p.subject, p.patch_id) for p in manifest.patches],
     )  # fmt: skip
+    sess.command = sess.make(TO=to, KEEP="1" if keep_conflict else None)
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -528,22 +437,6 @@ def _layout(patch_dir: Path, log: Log) -> Path:
     if not patch_dir.is_dir():
         raise SeriesError(f"patch folder {patch_dir} does not exist")
     return patch_dir
-
-
-def _command_line(
-    to: str, vllm, keep: bool, skip_tests: bool, patch_dir: Path, pip_args: Sequence[str]
-) -> str:
-    parts = ["seriestool", "rebase", "--to", to]
-    if vllm:
-        parts += ["--vllm", str(vllm)]
-    if keep:
-        parts.append("--keep-conflict")
-    if skip_tests:
-        parts.append("--skip-tests")
-    if patch_dir != manifest_mod.PATCH_DIR.resolve():
-        parts += ["--patches-dir", str(patch_dir)]
-    parts += [f"--pip-arg={a}" for a in pip_args]
-    return shlex.join(parts)
 
 
 def _copy_series(patch_dir: Path, dest: Path) -> None:
@@ -615,20 +508,17 @@ def _prepare(
         g.git(scratch, "checkout", "-q", "-b", sess.branch, new_commit)
     else:
         log(f"working in your checkout {checkout} on new branch {sess.branch}")
+        _switch_user_checkout(checkout, sess.branch, new_commit, old_patches, log)
         _copy_preimage_blobs(scratch, checkout, old_patches)
-        _switch_user_checkout(checkout, sess.branch, new_commit, old_patches)
     sess.save()
     log(f"rebasing {len(sess.patches)} patches from {mb.project} {mb.version} onto"
         f" {sess.target['version']} ({new_commit[:12]}) in {checkout}")  # fmt: skip
 
 
-def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches) -> None:
-    """Journal the user's checkout, then put it on a new ``branch`` at ``new_commit``.
-
-    Refuses, changing nothing, when an untracked or ignored file is where the
-    new base or a patch puts a file.  ``read-tree -m -u`` switches the work
-    tree without ever overwriting such a file.
-    """
+def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches, log) -> None:
+    """Put the user's checkout on a new ``branch`` at ``new_commit``, as ``apply``
+    switches it, its journal kept for the session; refused, changing nothing,
+    when a file of the user's is where the new base or a patch puts one."""
     head = g.out(checkout, "rev-parse", "--verify", "HEAD")
     added = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", "--diff-filter=A",
                   head, new_commit).split("\0")  # fmt: skip
@@ -656,21 +546,14 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches)
     # the patches' files, with whatever content `git am` and a resolution give.
     moved = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", head,
                   new_commit).split("\0")  # fmt: skip
+    ref = f"refs/heads/{branch}"
     scope = journal.Scope(
         paths=dict.fromkeys([p for p in moved if p] + [p for ps in touched for p in ps]),
-        refs={f"refs/heads/{branch}": None},
+        refs={ref: None},
         am=True,
     )
-    tx = journal.Transaction.begin(checkout, "rebase", created, scope)
-    try:
-        g.git(checkout, "update-ref", "-m", "seriestool rebase", f"refs/heads/{branch}",
-              new_commit, _NULL_OID)  # fmt: skip
-        g.git(checkout, "update-index", "-q", "--refresh", check=False)
-        g.git(checkout, "read-tree", "-m", "-u", head, new_commit)
-        g.git(checkout, "symbolic-ref", "-m", "seriestool rebase", "HEAD", f"refs/heads/{branch}")
-    except BaseException:
-        tx.rollback()
-        raise
+    before = [("update-ref", "-m", "seriestool rebase", ref, new_commit, _NULL_OID)]
+    switch(checkout, "rebase", head, new_commit, ref, scope, created, log, before, keep=True)
 
 
 def _old_base(
@@ -843,44 +726,37 @@ _PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does n
 
 
 def _stopped(sess: Session, log: Log) -> NoReturn:
-    """A patch conflicted: keep the session (``--keep-conflict``) or give up.
-
-    Raises:
-        SeriesError: always, with the conflict detail and what to do next.
-    """
-    entry = sess.patches[sess.next]
-    if sess.keep and not sess.am_kept:
-        # git am gave up before it had a session to resume (nothing in the
-        # checkout to resolve): keeping the run would claim a session that
-        # does not exist, and --continue could only mistake it for a skip.
-        _write_report(sess, "CONFLICT: rebase stopped, no git am session to keep",
-                      "unchanged", log)  # fmt: skip
-        _discard(sess, log)
-        raise SeriesError(
-            f"{entry.file} conflicts with {sess.target['version']}, and git am stopped"
-            f" without leaving a session to resolve in {sess.checkout}; nothing was kept:"
-            f" your checkouts and {Path(sess.patch_dir).name}/ are as they were.\n"
-            f"{_indent(sess.conflict)}\nreport: {sess.report_path}"
-        )
-    if sess.keep:
+    """A patch conflicted: keep the session (``--keep-conflict``) or give up;
+    raises the conflict and what to do next."""
+    folder = Path(sess.patch_dir).name
+    if sess.keep and sess.am_kept:
         interrupts.check()  # a Ctrl-C until here undoes the run; from here on it is kept
         sess.phase = "conflict"
         sess.save()
-        _write_report(sess, "STOPPED at a conflict, left for manual resolution",
-                      "unchanged", log)  # fmt: skip
-        raise SeriesError(
-            f"{entry.file} conflicts with {sess.target['version']}; the git am session is"
-            f" left in progress in {sess.checkout} (branch {sess.branch}).\n"
-            f"{_indent(sess.conflict)}\nResolve the files, `git add` them, then run\n"
-            f"    {hints.make('rebase', CONTINUE='1')}\nor give up with\n"
-            f"    {hints.make('rebase', ABORT='1')}\nreport: {sess.report_path}"
+        result = "STOPPED at a conflict, left for manual resolution"
+        what = (f"; the git am session is left in progress in {sess.checkout} (branch"
+                f" {sess.branch}).")  # fmt: skip
+        then = (f"Resolve the files, `git add` them, then run\n    {_CONTINUE}\nor give up"
+                f" with\n    {_ABORT}\n")  # fmt: skip
+    elif sess.keep:
+        # git am gave up without a session to resume (nothing in the checkout to
+        # resolve): --continue could only mistake a kept run for a skip.
+        result = "CONFLICT: rebase stopped, no git am session to keep"
+        what = (f", and git am stopped without leaving a session to resolve in {sess.checkout};"
+                f" nothing was kept: your checkouts and {folder}/ are as they were.")  # fmt: skip
+        then = ""
+    else:
+        result = "CONFLICT: rebase stopped"
+        what = f"; nothing was changed (your checkouts and {folder}/ are as they were)."
+        then = (
+            f"To resolve it by hand, keep the conflict with\n    {sess.make(TO=sess.to, KEEP=1)}\n"
         )
-    _write_report(sess, "CONFLICT: rebase stopped", "unchanged", log)
+    _write_report(sess, result, "unchanged", log)
+    if sess.phase != "conflict":
+        _discard(sess, log)
     raise SeriesError(
-        f"{entry.file} conflicts with {sess.target['version']}; nothing was changed"
-        f" (your checkouts and {Path(sess.patch_dir).name}/ are as they were).\n"
-        f"{_indent(sess.conflict)}\nTo resolve it by hand, keep the conflict with\n"
-        f"    {sess.make(TO=sess.to, KEEP='1')}\nreport: {sess.report_path}"
+        f"{sess.patches[sess.next].file} conflicts with {sess.target['version']}{what}\n"
+        f"{_indent(sess.conflict)}\n{then}report: {sess.report_path}"
     )
 
 
@@ -900,36 +776,34 @@ def _on_error(sess: Session, log: Log) -> None:
 
 @interrupts.shielded()
 def _discard(sess: Session, log: Log, force_command: str | None = None) -> None:
-    """Abort any am, restore the user's checkout, remove scratch work and state.
-
-    ``work/rebase/<to>/`` (and ``work/rebase/``) are removed too when nothing
-    is left in them, e.g. after a refusal before any report was written.
-    ``force_command``: first refuse, changing nothing, when the checkout
-    changed in ways the rebase could not have made (the command forces it).
-    """
+    """Abort any am, restore the user's checkout, remove scratch work and state
+    (``force_command``: first refuse, changing nothing, when the checkout
+    changed in ways the rebase could not have made)."""
     if sess.uses_user_checkout:
-        checkout = Path(sess.user_checkout)
-        tx = journal.Transaction.load(checkout) if checkout.exists() else None
-        if tx is not None:
-            if force_command:
-                tx.refuse_foreign_changes(force_command)
-            for note in tx.rollback():
-                log(note)
+        checkout = _restore_checkout(sess, log, force_command)
         branch = f"refs/heads/{sess.branch}"
         if checkout.exists() and (tip := g.rev(checkout, branch)):
             g.git(checkout, "update-ref", "-d", branch, tip)
-    scratch = Path(sess.scratch)
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    for folder in (sess.old_patch_dir, sess.staging, sess.work_dir / "stop-hook"):
-        if folder.exists():
-            shutil.rmtree(folder)
+    for folder in (sess.scratch, sess.old_patch_dir, sess.staging, sess.work_dir / "stop-hook"):
+        shutil.rmtree(folder, ignore_errors=True)
     state_path().unlink(missing_ok=True)
     # A run refused before it wrote a report leaves no folder behind; a report
     # (a conflict, failing tests, a success) keeps its work/rebase/<to>/.
     for folder in (sess.work_dir, state_path().parent):
         with contextlib.suppress(OSError):
             folder.rmdir()  # only when empty (or already gone)
+
+
+def _restore_checkout(sess: Session, log: Log, force_command: str | None, keep=()) -> Path:
+    """The user's checkout put back as journaled (``keep``: refs it made that stay)."""
+    checkout = Path(sess.user_checkout)
+    tx = journal.Transaction.load(checkout) if checkout.exists() else None
+    if tx is not None:
+        if force_command:
+            tx.refuse_foreign_changes(force_command)
+        for note in tx.rollback(keep_refs=keep):
+            log(note)
+    return checkout
 
 
 def _clear_stale_session(log: Log) -> None:
@@ -951,7 +825,7 @@ def _clear_stale_session(log: Log) -> None:
         raise SeriesError(
             f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
             " Undo what it did there, and nothing else, with:\n"
-            f"    {hints.make('rebase', ABORT='1')}\n(it refuses, changing nothing, if the"
+            f"    {_ABORT}\n(it refuses, changing nothing, if the"
             " checkout has changed since in ways the rebase could not have made)"
         )
     if sess.keep and sess.phase != "running":
@@ -959,11 +833,7 @@ def _clear_stale_session(log: Log) -> None:
             "conflict": f"stopped at a conflict in {sess.checkout}",
             "applied": "applied but not finished (a later step failed)",
         }.get(sess.phase, sess.phase)
-        raise SeriesError(
-            f"a rebase to {sess.to} is in progress ({what}); finish it with\n"
-            f"    {hints.make('rebase', CONTINUE='1')}\nor undo it with\n"
-            f"    {hints.make('rebase', ABORT='1')}"
-        )
+        raise SeriesError(f"a rebase to {sess.to} is in progress ({what}); {hints.REBASE_OPEN}")
     log(f"discarding the scratch work of an interrupted rebase to {sess.to}"
         f" (pid {sess.pid}); {Path(sess.patch_dir).name}/ was not touched")  # fmt: skip
     _discard(sess, log)
@@ -977,31 +847,16 @@ def _clear_stale_session(log: Log) -> None:
 def resume(
     log: Log = print, force: bool = False, skip_tests: bool = False, *, guard: interrupts.Guard
 ) -> int:
-    """``--continue``: finish the stopped patch, apply the rest, then succeed.
-
-    ``skip_tests``: skip the series' tests from now on.  ``force``: put the
-    checkout back also when it changed in ways the rebase could not have made.
-
-    Raises:
-        SeriesError: no session, the session was interrupted rather than
-            stopped, files are still unmerged or hold conflict markers, a
-            later patch conflicts (the session stays open again), or (unless
-            ``force``) the checkout changed in ways the rebase could not have
-            made, which putting it back would undo.
-    """
-    sess = Session.load()
+    """``--continue``: finish the stopped patch, apply the rest, then succeed
+    (``skip_tests`` from now on; ``force``: put the checkout back also when it
+    changed in ways the rebase could not have made)."""
+    sess = _open_session(guard, log)
     if sess is None:
-        raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
-    recover_swap(Path(sess.patch_dir), log)
-    if sess.phase in ("running", "swapping"):
-        if journal.pid_alive(sess.pid):
-            raise SeriesError(f"the rebase to {sess.to} is still running (pid {sess.pid})")
-        if sess.phase == "swapping":
-            _clear_stale_session(log)  # the swap was finished above: clean up
-            return 0
+        return 0
+    if sess.phase == "running":
         raise SeriesError(
             f"the rebase to {sess.to} was interrupted, not stopped at a conflict; undo it"
-            f" with\n    {hints.make('rebase', ABORT='1')}\nand start again"
+            f" with\n    {_ABORT}\nand start again"
         )
     sess.phase, sess.pid = "running", os.getpid()
     sess.skip_tests = sess.skip_tests or skip_tests
@@ -1023,6 +878,25 @@ def resume(
         raise
 
 
+def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
+    """The open session, its checkout locked as ``start`` locks it; None when it
+    had completed (a killed run's swap of ``patches/`` is finished here)."""
+    sess = Session.load()
+    if sess is not None and sess.uses_user_checkout:
+        guard.held.enter_context(journal.locked(Path(sess.user_checkout)))
+        sess = Session.load()  # as a run that held the lock until now left it
+    if sess is None:
+        raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
+    recover_swap(Path(sess.patch_dir), log)
+    if sess.phase in ("running", "swapping") and journal.pid_alive(sess.pid):
+        raise SeriesError(f"the rebase to {sess.to} is still running (pid {sess.pid})")
+    if sess.phase == "swapping":
+        _clear_stale_session(log)
+        log(f"the rebase to {sess.to} had completed; {sess.patch_dir} holds the rebased series")
+        return None
+    return sess
+
+
 def _finish_conflicted_patch(sess: Session, log: Log) -> None:
     checkout = Path(sess.checkout)
     entry = sess.patches[sess.next]
@@ -1031,7 +905,7 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
         if unmerged:
             raise SeriesError(
                 f"{entry.file}: still unmerged in {checkout}: {', '.join(unmerged)}; resolve"
-                f" them, `git add` them and run `{hints.make('rebase', CONTINUE='1')}` again"
+                f" them, `git add` them and run `{_CONTINUE}` again"
             )
         check = g.git(checkout, "diff", "--cached", "--check", check=False).stdout
         markers = sorted({line.split(":")[0] for line in check.splitlines()
@@ -1040,7 +914,7 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
             raise SeriesError(
                 f"{entry.file}: conflict markers are still staged in {', '.join(markers)}"
                 f" ({checkout}); finish resolving, `git add` and run"
-                f" `{hints.make('rebase', CONTINUE='1')}` again"
+                f" `{_CONTINUE}` again"
             )
         proc = g.git(checkout, "am", "--continue", check=False, env=g.user_identity(checkout))
         if proc.returncode != 0:
@@ -1063,7 +937,7 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
             + (f" ({where} is)" if where else "")
             + f", and the rebase did not leave one there: there is nothing to continue,"
             f" and {entry.file} is not skipped. Give up and restore the checkout with\n"
-            f"    {hints.make('rebase', ABORT='1')}"
+            f"    {_ABORT}"
         )
     head = g.rev(checkout, "HEAD")
     if head == sess.pre_head:
@@ -1081,24 +955,10 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
 
 @interrupts.deferring
 def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> int:
-    """``--abort``: abort the am session, restore the checkout, remove the state.
-
-    Raises:
-        SeriesError: no session, its process is still running, or (unless
-            ``force``) the checkout changed in ways the rebase could not have
-            made, which restoring it would undo (``journal``).
-    """
-    sess = Session.load()
+    """``--abort``: abort the am session, restore the checkout, remove the state
+    (refused, unless ``force``, when that would undo changes the rebase did not make)."""
+    sess = _open_session(guard, log)
     if sess is None:
-        raise SeriesError("no rebase is in progress: nothing to abort")
-    recover_swap(Path(sess.patch_dir), log)
-    if sess.phase in ("running", "swapping") and journal.pid_alive(sess.pid):
-        raise SeriesError(
-            f"the rebase to {sess.to} is still running (pid {sess.pid}); stop it first"
-        )
-    if sess.phase == "swapping":
-        _clear_stale_session(log)
-        log(f"the rebase to {sess.to} had completed; {sess.patch_dir} holds the rebased series")
         return 0
     _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
     where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
@@ -1113,18 +973,15 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
 def _finish(
     sess: Session, log: Log, guard: interrupts.Guard, force_command: str | None = None
 ) -> int:
-    """Export, manifest, range-diff, tests; then (and only then) swap patches/.
-
-    ``force_command``: refuse to put the user's checkout back when it changed
-    in ways the rebase could not have made (see ``_discard``).
-    """
+    """Export, manifest, range-diff, tests; then (and only then) swap patches/
+    (``force_command``: as for ``_discard``)."""
     if not any(p.status == APPLIED for p in sess.patches):
         # Like `export` of an empty range: an empty series is never written.
         raise SeriesError(
             "the rebased series would have no patches ("
             + ", ".join(f"{p.file}: {p.status}" for p in sess.patches)
             + f"): it would delete the series; {Path(sess.patch_dir).name}/ is unchanged."
-            + (f" Give up with\n    {hints.make('rebase', ABORT='1')}" if sess.keep else "")
+            + (f" Give up with\n    {_ABORT}" if sess.keep else "")
         )
     scratch = Path(sess.scratch)
     checkout = Path(sess.checkout)
@@ -1132,20 +989,14 @@ def _finish(
         g.git(scratch, "fetch", "-q", "--no-write-fetch-head", str(checkout),
               f"+refs/heads/{sess.branch}:{NEW_REF}")  # fmt: skip
         # The user's checkout goes back exactly where it was; the branch stays.
-        tx = journal.Transaction.load(checkout)
-        if tx is not None:
-            if force_command:
-                tx.refuse_foreign_changes(force_command)
-            for note in tx.rollback(keep_refs={f"refs/heads/{sess.branch}"}):
-                log(note)
+        _restore_checkout(sess, log, force_command, keep={f"refs/heads/{sess.branch}"})
     else:
         g.git(scratch, "update-ref", NEW_REF, "HEAD")
     new_tip = sess.new_tip = g.rev(scratch, NEW_REF) or ""
     sess.phase = "applied"
     sess.save()
 
-    if sess.staging.exists():
-        shutil.rmtree(sess.staging)
+    shutil.rmtree(sess.staging, ignore_errors=True)
     sess.staging.mkdir(parents=True)
     files = export_mod.format_patches(scratch, sess.new_base, new_tip, sess.staging)
     applied = [p for p in sess.patches if p.status == APPLIED]
@@ -1189,8 +1040,8 @@ def _finish(
         ]
         if sess.keep:
             after = (
-                f"fix the environment and run\n    {hints.make('rebase', CONTINUE='1')}\nor"
-                f" give up with\n    {hints.make('rebase', ABORT='1')}\nor finish without"
+                f"fix the environment and run\n    {_CONTINUE}\nor"
+                f" give up with\n    {_ABORT}\nor finish without"
                 f" the tests with\n    {hints.make('rebase', CONTINUE='1', NOTEST='1')}"
             )
         else:
@@ -1312,30 +1163,26 @@ def _new_manifest(sess: Session, files: list[Path], log: Log) -> manifest_mod.Ma
     return export_mod.refresh_manifest(manifest, Path(sess.scratch), sess.new_base, files, log)
 
 
-class _Tee(io.TextIOBase):
-    def __init__(self, *streams):
-        self.streams = streams
+class _Tee(io.StringIO):
+    """Keeps what is written, and passes it on to ``stream``."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
 
     def write(self, text: str) -> int:
-        for s in self.streams:
-            s.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        for s in self.streams:
-            s.flush()
+        self.stream.write(text)
+        return super().write(text)
 
 
 def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tuple[bool, str]:
     """``seriestest.check_prefixes`` on the staged series; (passed, summary)."""
-    kwargs = {}
-    if sess.kind == "commit":
-        kwargs["base_repo"] = Path(sess.scratch)
     log(f"running the series' tests on {manifest.base.project} {manifest.base.version} ...")
-    captured = io.StringIO()
+    captured = _Tee(sys.stdout)
     try:
-        with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
-            rc = seriestest.check_prefixes(manifest, sess.staging, **kwargs)
+        with contextlib.redirect_stdout(captured):
+            rc = seriestest.check_prefixes(manifest, sess.staging, base_repo=Path(sess.scratch)
+                                           if sess.kind == "commit" else None)  # fmt: skip
     except SeriesError as e:
         return False, f"could not run: {e}"
     lines = captured.getvalue().rstrip().splitlines()
@@ -1411,7 +1258,7 @@ def _write_report(
                 "",
                 f"The `git am` session is in progress in `{sess.checkout}` (branch"
                 f" `{sess.branch}`). Resolve, `git add`, then"
-                f" `{hints.make('rebase', CONTINUE='1')}`; or `{hints.make('rebase', ABORT='1')}`.",
+                f" `{_CONTINUE}`; or `{_ABORT}`.",
             ]
     if range_diff is not None:
         out += [
@@ -1442,13 +1289,13 @@ def _write_report(
 
 
 def run(args: argparse.Namespace) -> int:
-    modes = [bool(args.to), args.cont, args.abort]
-    if sum(modes) != 1:
+    cont = getattr(args, "continue")
+    if sum([bool(args.to), cont, args.abort]) != 1:
         raise SeriesError(
             "give exactly one of: --to <version or commit> (make rebase TO=...),"
             " --continue (CONTINUE=1), --abort (ABORT=1)"
         )
-    if args.cont:
+    if cont:
         return resume(force=args.force, skip_tests=args.skip_tests)
     if args.abort:
         return abort(force=args.force)
@@ -1460,46 +1307,21 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("rebase", help="carry the series to another vLLM version or commit")
     p.add_argument("--to", help="vLLM version (PyPI sdist) or commit/tag (needs --vllm)")
-    p.add_argument(
-        "--vllm",
-        type=hints.user_path,
-        help="checkout containing the commit (and, with --keep-conflict, where a"
-        " conflict is left for resolution)",
-    )
-    p.add_argument(
-        "--continue",
-        dest="cont",
-        action="store_true",
-        help="resume after resolving a conflict and `git add`",
-    )
-    p.add_argument("--abort", action="store_true", help="abort and restore the checkout")
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="with --continue or --abort: put the checkout back also when it changed in"
-        " ways the rebase could not have made, undoing those changes (FORCE=1)",
-    )
-    p.add_argument(
-        "--keep-conflict",
-        action="store_true",
-        help="on a conflict, leave the git am session for manual resolution",
-    )
-    p.add_argument(
-        "--skip-tests",
-        action="store_true",
-        help="do not run the series' tests on the new base (they run by default)",
-    )
-    p.add_argument(
-        "--patches-dir",
-        metavar="DIR",
-        help="patch folder to rebase (default: patches/), as `check` and `check-manifest`",
-    )
+    p.add_argument("--vllm", type=hints.user_path, help="checkout holding the commit (and,"
+                   " with --keep-conflict, where a conflict is left for resolution)")  # fmt: skip
+    for flag, help_ in (
+        ("--continue", "resume after resolving a conflict and `git add`"),
+        ("--abort", "abort and restore the checkout"),
+        ("--force", "with --continue or --abort: put the checkout back also when it changed in"
+         " ways the rebase could not have made, undoing those changes (FORCE=1)"),
+        ("--keep-conflict", "on a conflict, leave the git am session for manual resolution"),
+        ("--skip-tests", "do not run the series' tests on the new base (they run by default)"),
+    ):  # fmt: skip
+        p.add_argument(flag, action="store_true", help=help_)
+    p.add_argument("--patches-dir", metavar="DIR", help="patch folder to rebase (default:"
+                   " patches/), as `check` and `check-manifest`")  # fmt: skip
     # The old spelling, kept working but not advertised.
     p.add_argument("--patch-dir", dest="patches_dir", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--pip-arg",
-        action="append",
-        default=[],
-        help="extra pip option for fetching sdists, e.g. --pip-arg=--no-index",
-    )
+    p.add_argument("--pip-arg", action="append", default=[], help="extra pip option for"
+                   " fetching sdists, e.g. --pip-arg=--no-index")  # fmt: skip
     p.set_defaults(func=run)

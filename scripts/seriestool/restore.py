@@ -1,16 +1,9 @@
 """``restore``: put back a checkout that an interrupted command left part-way.
 
-``apply`` (and ``rebase`` in a checkout) journal a checkout before changing
-it (``journal``).  When the tool is killed before it could undo its own work,
-the next run refuses and prints ``make restore VLLM=<checkout>``: this
-command.  It undoes what the interrupted command did: HEAD, index, the
-content of tracked files, refs and config are as journaled; untracked and
-ignored files were never touched.  When the checkout has changed since in
-ways the command could not have made (a branch or tag of the user's, the
-config, files outside the series' paths...), it refuses, listing them and
-changing nothing; ``--force`` (``make restore FORCE=1``) then rolls back
-everything, those changes included.  Runs with the system Python alone (no
-.venv needed).
+It rolls back the journal (``journal``) that a killed command left behind,
+and nothing else; it refuses, listing them, when the checkout changed
+since in ways that command could not have made, unless ``--force``
+(``FORCE=1``).  Runs with the system Python alone (no .venv needed).
 """
 
 from __future__ import annotations
@@ -25,13 +18,7 @@ from .errors import SeriesError
 
 
 def restore(repo: Path, force: bool = False, log=print) -> int:
-    """Roll back the journal left in ``repo``; 0 also when there is none.
-
-    Raises:
-        SeriesError: ``repo`` is no checkout, the journal's process still
-            runs, or (unless ``force``) the checkout changed since in ways the
-            interrupted command could not have made.
-    """
+    """Roll back the journal left in ``repo``; 0 also when there is none."""
     if not g.is_repo(repo):
         raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name the checkout to restore")
     with journal.locked(repo):  # the command that is changing it, if any, restores it itself

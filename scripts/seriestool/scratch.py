@@ -1,24 +1,18 @@
 """Throw-away repositories that read a user's objects and nothing else of theirs.
 
-A scratch repository lives in a temporary folder and borrows the user's
-objects through git's ``objects/info/alternates`` (nothing is copied;
-``add_alternate`` lends it another repository's, e.g. a materialised base).  It
-has none of the user's configuration, hooks, ``info/attributes``, replace
-refs or notes: what git produces there (patches, patch IDs, commits) does not
-depend on how the user set up their repository.  The user's repository is
-only read.
-
-- ``view``: a bare repository, for reading history (``format-patch``,
-  ``log -p``).
-- ``checkout``: a repository with a sparse work tree holding only the given
-  paths at a commit, for ``git am`` (a vLLM tree has thousands of files; the
-  series touches a few); ``apply_patches`` applies a series there, one
-  checked commit per patch.
+A scratch repository borrows objects through ``objects/info/alternates``
+(nothing is copied) and has none of the user's configuration, hooks,
+attributes, replace refs or notes, so what git produces there does not
+depend on how the user set up their repository: ``view`` (bare, for
+reading history) and ``checkout`` (a sparse work tree of the given paths,
+for ``git am``).  ``quarantine`` keeps the objects a change of the user's
+repository writes aside until it succeeds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -97,6 +91,37 @@ def checkout(repo: Path, start: str, paths: Sequence[str]) -> Iterator[Path]:
         yield make_checkout(repo, Path(tmp) / "scratch", start, paths)
 
 
+@contextlib.contextmanager
+def quarantine(repo: Path) -> Iterator[dict[str, str]]:
+    """The environment for git calls whose new objects ``repo`` gains only on
+    ``settle``: until then they wait in a folder of their own, which git reads
+    besides ``repo``'s objects and which is removed when the block ends."""
+    objects = g.common_dir(repo) / "objects"
+    with tempfile.TemporaryDirectory(prefix="tmp_objdir-seriestool-", dir=objects) as tmp:
+        yield {"GIT_OBJECT_DIRECTORY": tmp, "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(objects)}
+
+
+def settle(env: dict[str, str]) -> list[Path]:
+    """Move the objects ``quarantine``'s ``env`` kept aside into the repository
+    (pack indexes last: git counts a pack once its index is there); returns
+    them, for ``unsettle``."""
+    src, dst = Path(env["GIT_OBJECT_DIRECTORY"]), Path(env["GIT_ALTERNATE_OBJECT_DIRECTORIES"])
+    moved = []
+    for path in sorted(src.rglob("*"), key=lambda p: (p.suffix == ".idx", p)):
+        target = dst / path.relative_to(src)
+        if path.is_file() and not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            os.replace(path, target)
+            moved.append(target)
+    return moved
+
+
+def unsettle(moved: list[Path]) -> None:
+    """Remove what ``settle`` moved (no ref may point at it any more): indexes first."""
+    for path in sorted(moved, key=lambda p: p.suffix != ".idx"):
+        path.unlink(missing_ok=True)
+
+
 def sparse_pattern(path: str) -> str:
     """A gitignore-style pattern matching exactly ``path`` (anchored, escaped)."""
     escaped = re.sub(r"([\\*?\[])", r"\\\1", path)
@@ -112,20 +137,9 @@ def apply_patches(
     ours: str,
     env: dict[str, str] | None = None,
 ) -> list[str]:
-    """``git am --3way`` each patch onto HEAD of scratch ``checkout``: one commit per patch.
-
-    Each commit is checked against the patch's recorded pre- and postimages
-    (``placement``; ``images``: ``patchset.images`` of the patches).  ``ours``
-    names HEAD in the messages (e.g. "its pinned base"); ``env``: the
-    committer, e.g. ``REPRODUCIBLE_COMMITTER``.
-
-    Returns:
-        The commits, in patch order.
-
-    Raises:
-        SeriesError: a patch does not apply, made no commit, or does not give
-            its recorded result; the message names the patch.
-    """
+    """``git am --3way`` each patch onto HEAD of scratch ``checkout``, each commit
+    checked against the patch's recorded images (``placement``); returns the
+    commits.  ``ours`` names HEAD in the refusals; ``env``: the committer."""
     commits: list[str] = []
     before = g.out(checkout, "rev-parse", "HEAD")
     for path, image in zip(patch_files, images, strict=True):

@@ -1,13 +1,9 @@
 """SERIES.md's facts that ``patches/series.json`` records, rewritten from it.
 
-SERIES.md is written by hand, but some of it states what the manifest
-records: the subject of each row of "Order and why", the "Stable patch IDs"
-table and, in "Base", the version, upstream commit, sdist and base commit.
-``sync`` rewrites exactly those cells from the manifest (``export`` and a
-successful ``rebase`` call it, so ``check-manifest`` passes afterwards) and
-leaves every other line as it was.  A row follows its patch by subject: a
-renumbered patch keeps its "concern"; a new patch gets a row whose concern
-says to write one; a row of a patch that is gone is removed.
+``sync`` rewrites just those cells ("Order and why" subjects, the "Stable
+patch IDs" table, the facts of "Base"), leaving every other line as it was;
+``export`` and a successful ``rebase`` call it.  A row follows its patch by
+subject; a new patch gets a row whose concern says to write one.
 """
 
 from __future__ import annotations

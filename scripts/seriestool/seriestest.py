@@ -1,35 +1,17 @@
 """``test-series``: every prefix of the series applies and passes its tests.
 
-For each prefix 1..n of the series: clone the materialised base into a scratch
-checkout, ``git am --3way`` the prefix, and run with pytest the vLLM test files
-that the prefix's patches add or change.  The full series is also exported
-back from its checkout and must be byte-identical to ``patches/`` (the
-apply/export round trip: a message ``git am`` would cut, or an export setting
-that drifted, shows up here).  On the full series, the manifest's
-upstream regression tests run too (once: on this 2-core CI they take minutes,
-mostly vLLM's per-test distributed cleanup), and ruff runs with vLLM's own
-configuration (the base's pyproject.toml) on every Python file the series
-touches.
-
-Then each upstream group (``"series"."groups"``) on its own: its and its
-dependencies' patches onto the base, with their tests and the regression
-tests; not a fork-only group, nor a set of patches tested already.
-
-How vLLM's tests run on a CPU machine (and why):
-- ``VLLM_TARGET_DEVICE=cpu``: a source tree has no package metadata, so
-  vLLM's platform detection would otherwise resolve to an unspecified
-  platform; with it, vLLM picks its CPU platform, as its own CPU CI does.
-- vLLM's ``tests/conftest.py`` is loaded, not cut off: its imports are
-  satisfied by ``requirements/common.txt`` plus ``tblib`` (installed by
-  ``make venv``), which keeps upstream's fixtures available to the upstream
-  regression tests.  The series' own tests use no fixture from it, so on the
-  GPU machine (which lacks those packages) they run with ``--noconftest``.
-- CUDA tests are skipped here with their reason, which ``-rs`` prints.
-- pytest's exit status 5 (no tests collected) is a failure.
-
-Each failed step ends the output with a line ``failed step: <what>`` naming
-the step (pytest on a prefix, ruff, the round trip...) and what failed in it
-(the failing tests, the files ruff reports): ``rebase`` quotes those lines.
+Each prefix is applied with ``git am --3way`` onto a clone of the materialised
+base, and pytest runs the vLLM test files its patches add or change; the
+full prefix also runs the manifest's upstream regression tests, the
+apply/export round trip (the export must give ``patches/`` back byte for
+byte) and ruff with vLLM's own configuration on every touched Python file.
+Then each upstream group (``"series"."groups"``) alone, with the groups it
+depends on (``group_plan``).  vLLM's tests run on CPU with
+``VLLM_TARGET_DEVICE=cpu`` (a source tree has no package metadata to detect a
+platform from), vLLM's own ``tests/conftest.py`` loaded, CUDA tests skipped
+with their reason, and pytest's status 5 (nothing collected) a failure.  Each
+failed step ends the output with a line ``failed step: <what>``, which
+``rebase`` quotes.
 """
 
 from __future__ import annotations
@@ -138,14 +120,9 @@ def check_prefixes(
     only_full: bool = False,
     base_repo: Path | None = None,
 ) -> int:
-    """Run the prefix checks, then each upstream group's (``group_plan``);
-    returns 0 when every prefix and group applies and passes.
-
-    Args:
-        base_repo: a repository whose ``base`` branch is the base to test on
-            (e.g. a rebase onto an upstream commit that has no sdist); by
-            default the manifest's base is materialised from its sdist.
-    """
+    """Run the prefix checks, then each upstream group's (``group_plan``); 0 when all
+    apply and pass.  ``base_repo``: a repository whose ``base`` branch is the base
+    (a rebase onto a commit, which has no sdist); else the pinned one."""
     if not manifest.patches:
         print("the series is empty: no vLLM-side tests to run")
         return 0

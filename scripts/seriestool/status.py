@@ -1,12 +1,9 @@
 """``status`` and ``remove``: which series a checkout carries; taking it out.
 
-``status`` only reads.  The version HEAD carries is judged as ``apply``
-judges it, by the blob ids of the files each version touches
-(``versions.held_in``); base and starting point are what ``apply`` recorded
-in the branch's config (``branch.<name>.seriesBase``, ``.seriesFrom``).
-``remove`` switches back to where ``apply`` started (that branch, else the
-base commit, detached) with ``apply``'s own journaled switch
-(``apply.switch``); the series branch stays unless ``--delete-branch``.
+``status`` only reads, judging by blob ids as ``apply`` does
+(``versions.held_in``).  ``remove`` switches back to where ``apply`` started
+(its branch, else its base commit), with ``apply``'s journaled switch; the
+series branch stays unless ``--delete-branch``.
 """
 
 from __future__ import annotations

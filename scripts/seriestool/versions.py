@@ -1,13 +1,8 @@
 """Series versions: states of ``patches/`` in this repository's history.
 
-``patches/series.json`` records the version (``"series": {"version": "2"}``).
-Version N is the newest commit, walking back from HEAD through the commits
-that change ``patches/``, whose manifest says N: the last state of the series
-while it was N, with no tag needed.  A commit-ish names one state directly,
-and the working tree's ``patches/`` is a state too.
-
-Everything is read from git objects (``cat-file``, ``rev-list``): the
-repository's checkout, index and refs are never written.
+Version N is the newest commit, from HEAD back through the commits that change
+``patches/``, whose manifest records N; a commit-ish names a state directly,
+and the working tree's ``patches/`` is one too.  All is read from git objects.
 """
 
 from __future__ import annotations
@@ -85,13 +80,8 @@ def known_versions(repo: Path) -> dict[str, str]:
 
 
 def resolve(repo: Path, spec: str | None) -> SeriesVersion:
-    """The series state ``spec`` names: a version, a commit-ish, or (None) the working tree.
-
-    Raises:
-        SeriesError: ``spec`` is neither a version of the history nor a
-            commit, or the commit holds no manifest; the message lists the
-            versions that exist.
-    """
+    """The series state ``spec`` names: a version, a commit-ish, or (None) the working
+    tree; a refusal lists the versions that exist."""
     if spec is None:
         manifest = manifest_mod.load(repo / PATCH_DIR / MANIFEST)
         return SeriesVersion(spec="", version=manifest.version, commit=None)
@@ -127,14 +117,8 @@ def _what_exists(repo: Path) -> str:
 
 
 def write_patches(repo: Path, state: SeriesVersion, dest: Path) -> manifest_mod.Manifest:
-    """Write ``state``'s manifest and the patch files it lists into ``dest``.
-
-    Files come from git objects byte for byte (the working tree for the
-    working-tree state); ``dest`` must not exist.
-
-    Raises:
-        SeriesError: the manifest is invalid, or a listed patch file is missing.
-    """
+    """Write ``state``'s manifest and the patch files it lists, byte for byte, into
+    the new folder ``dest``."""
     dest.mkdir(parents=True)
     if state.commit is None:
         source = repo / PATCH_DIR

@@ -3,10 +3,13 @@ leaving HEAD, branch, index, work tree and stash exactly as they were."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 from conftest import snapshot
 from seriestool import apply as apply_mod
-from seriestool import patchset
+from seriestool import journal, patchset
 from seriestool.errors import SeriesError
 
 
@@ -199,6 +202,39 @@ def test_a_file_at_a_path_the_series_creates_is_refused_naming_it(toy_series, ho
     assert "tests/test_second.py" in str(err.value)
     assert snapshot(repo) == before
     assert (repo.path / "tests/test_second.py").read_text() == "the user's own file\n"
+
+
+def _objects(repo) -> list[str]:
+    """Every file of the object database: loose objects, packs and their indexes."""
+    root = repo.path / ".git" / "objects"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("how", ["dirty", "failing patch", "disk full", "file appears"])
+def test_a_refused_apply_adds_no_object(toy_series, monkeypatch, how):
+    """Refused before or after the series was built: no new object or pack."""
+    repo, manifest, patch_dir = toy_series
+    if how == "dirty":
+        repo.write({"pkg/loader.py": "def load(x):\n    return None\n"})
+    elif how == "failing patch":
+        second = patch_dir / manifest.patches[1].file
+        second.write_text(second.read_text().replace(" def load(x):", " def load(y):"))
+        manifest.patches[1].patch_id = patchset.patch_id_of_file(second)
+        manifest.patches[1].sha256 = patchset.sha256_of_file(second)
+    elif how == "disk full":  # the journal cannot be written, after the build
+
+        def full(*_args, **_kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(journal.shutil, "copy2", full)
+    else:  # a file lands where the series creates one after apply looked: read-tree refuses
+        monkeypatch.setattr(journal, "occupied", lambda *_args: [])
+        repo.write({"tests/test_second.py": "the user's own file\n"})
+    before, objects = snapshot(repo), _objects(repo)
+    with pytest.raises((SeriesError, OSError)):
+        _apply(repo, manifest, patch_dir)
+    assert _objects(repo) == objects
+    assert snapshot(repo) == before
 
 
 def test_applied_then_reverted_series_is_applied_again(toy_series):

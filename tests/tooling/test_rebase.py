@@ -772,7 +772,7 @@ def test_version_rebase_materialises_the_sdist_and_updates_the_manifest(
     out = capsys.readouterr().out
     assert "# Rebase onto toyvllm 2.0" in out and "3-way merge" in out
     assert "not computable (the bases share no git history" in out
-    assert f"--skip-tests --patches-dir {patch_dir}" in out  # the command, as `check` spells it
+    assert f" rebase TO=v2.0 NOTEST=1 PATCHES={patch_dir} ARGS=" in out  # the command, as typed
     _no_session(work_dir)
 
 
