@@ -403,6 +403,28 @@ def op_stream(cmd: dict) -> dict:
     }
 
 
+def op_profile_first(cmd: dict) -> dict:
+    """cProfile of a load up to its first tensor (``env`` and ``extra`` as in
+    ``load``): the functions with the most cumulative time, to see where the
+    time before the first tensor goes."""
+    import cProfile
+    import io
+    import pstats
+
+    set_env(cmd.get("env"))
+    profile = cProfile.Profile()
+    t0 = time.perf_counter()
+    profile.enable()
+    stream = weights(cmd["dir"], cmd.get("format", "instanttensor"), cmd.get("extra"))
+    next(stream)
+    profile.disable()
+    seconds = time.perf_counter() - t0
+    stream.close()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+    return {"first_tensor_s": seconds, "profile": text.getvalue()[-6000:]}
+
+
 def op_pinned(cmd: dict) -> dict:
     """Host-to-device copy ceilings: pinned and pageable, ``size`` bytes.
 
@@ -847,6 +869,7 @@ OPS = {
     "real": op_real,
     "layerwise": op_layerwise,
     "pinned_read": op_pinned_read,
+    "profile_first": op_profile_first,
     "processing_peak": op_processing_peak,
 }
 
