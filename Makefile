@@ -126,7 +126,7 @@ test-series: venv
 # of this repository, conflicts resolved by script, then check-manifest, apply
 # and the whole series' tests on the new base.  Not part of `make test`.
 test-rebase-e2e: venv
-	$(PY) scripts/rebase_e2e.py $(or $(TO),0.32.0)
+	$(PY) scripts/rebase_e2e.py $(or $(TO),0.32.0) $(ARGS)
 
 lint: venv
 	$(PY) -m ruff check scripts tests

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end rebase onto a real release, with a scripted hand resolution.
+"""End-to-end rebase onto a real release, with recorded hand resolutions.
 
 ``make test-rebase-e2e [TO=0.32.0]`` runs, in a clone of this repository's
 committed state (the repository itself, its ``patches/`` and ``SERIES.md``,
@@ -7,22 +7,27 @@ is only read), what a fork maintainer would type:
 
 1. ``make rebase TO=<release> KEEP=1 NOTEST=1``: the release's PyPI sdist
    becomes the new base (pip fetches it once; it is cached in ``work/``);
-2. at each conflict, every unmerged file is resolved: from the hand
-   resolution recorded for it, ``qualification/rebase/resolutions-<to>/
-   <patch file>/<path>`` (the file as resolved), if there is one; else
-   generically, keeping upstream's changes and taking the patch's own
-   version of each region where both changed (``git merge-file --theirs`` of
-   the three stages; a file only one side kept is taken from that side);
-   then ``git add`` and ``make rebase CONTINUE=1``, until the rebase succeeds;
+2. at each conflict, every unmerged file is first resolved generically:
+   upstream's changes, with the patch's own version of each region where
+   both changed (``git merge-file --theirs`` of the three stages); a file
+   that the new base or the patch deleted stays deleted (the patch's change
+   to a file the new base lacks is dropped).  Then the hand resolution
+   recorded for the patch, ``qualification/rebase/resolutions-<to>/
+   <NNNN>.diff`` (``NNNN``: the patch's number; read from this checkout's
+   working tree), is applied with ``git apply --index``: a diff from the
+   generic resolution to the hand-resolved files, which may touch any file
+   of the patch.  Then ``make rebase CONTINUE=1``, until the rebase succeeds;
 3. ``make check-manifest``, ``make apply`` (the branch the rebase kept in
    ``work/vllm``) and a fresh ``make apply`` from the new base;
 4. one prefix test: the whole series' own tests on the new base
    (``seriestool test-series --full-only``).
 
-The generic resolution works as long as taking the patch's side of each
-conflicting region gives code that runs on the new base, which step 4
-checks; where it does not (a conflicting region that uses code only the old
-base has), the hand resolution of that file belongs in the folder above.
+``--record`` (``make test-rebase-e2e ARGS=--record``) stops at each conflict
+after the generic resolution and the recorded diff (applied to the work tree
+only; one that no longer applies is left out, with a warning), for the
+files to be edited by hand in the printed checkout; Enter writes ``git
+diff`` there (the edits against the generic resolution) as that patch's
+``<NNNN>.diff`` (none if empty) and goes on.
 Prints a summary (each step's time and result, the rebase report's patch
 table) and exits non-zero when a step fails.  ``make venv`` is not run in
 the clone: the clone borrows this checkout's ``.venv`` as it is.
@@ -30,6 +35,7 @@ the clone: the clone borrows this checkout's ``.venv`` as it is.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -63,9 +69,9 @@ def git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
                           capture_output=True, check=True).stdout  # fmt: skip
 
 
-def resolve(checkout: Path, recorded: Path) -> list[str]:
+def resolve(checkout: Path, recorded: Path, record: bool) -> list[str]:
     """Resolve every unmerged file of a stopped ``git am`` (see the module doc);
-    ``recorded``: the folder of this patch's hand resolutions."""
+    ``recorded``: this patch's hand resolution, a diff."""
     stages: dict[str, dict[int, str]] = {}
     for entry in git(checkout, "ls-files", "-u", "-z").decode().split("\0"):
         if entry:
@@ -74,30 +80,42 @@ def resolve(checkout: Path, recorded: Path) -> list[str]:
             stages.setdefault(path, {})[int(stage)] = blob
     done = []
     for path, blobs in sorted(stages.items()):
-        if (recorded / path).is_file():
-            (checkout / path).write_bytes((recorded / path).read_bytes())
-            git(checkout, "add", "--", path)
-            how = f"recorded hand resolution {recorded.name}/{path}"
-        elif 3 in blobs and 2 in blobs and 1 in blobs:
+        if 2 in blobs and 3 in blobs:
             with tempfile.TemporaryDirectory() as tmp:
                 files = []
                 for stage in (2, 1, 3):
                     f = Path(tmp) / str(stage)
-                    f.write_bytes(git(checkout, "cat-file", "blob", blobs[stage]))
+                    blob = blobs.get(stage)  # no stage 1: both added the file
+                    f.write_bytes(git(checkout, "cat-file", "blob", blob) if blob else b"")
                     files.append(str(f))
                 proc = subprocess.run(["git", "merge-file", "-p", "--theirs", *files],
                                       capture_output=True, check=False)  # fmt: skip
                 (checkout / path).write_bytes(proc.stdout)
             git(checkout, "add", "--", path)
-            how = "both changed: the patch's side of each conflicting region"
-        elif 3 in blobs:
-            (checkout / path).write_bytes(git(checkout, "cat-file", "blob", blobs[3]))
-            git(checkout, "add", "--", path)
-            how = "only the patch kept it: the patch's version"
+            done.append(f"{path}: both changed: the patch's side of each conflicting region")
         else:
             git(checkout, "rm", "-q", "--", path)
-            how = "the patch deleted it: deleted"
-        done.append(f"{path}: {how}")
+            side = "the patch" if 2 in blobs else "the new base"
+            done.append(f"{path}: deleted in {side}: stays deleted")
+    if recorded.is_file():
+        try:
+            git(checkout, "apply", *(() if record else ("--index",)), str(recorded.resolve()))
+            done.append(f"{recorded.name}: the recorded hand resolution applied")
+        except subprocess.CalledProcessError as e:
+            if not record:
+                finish(f"FAILED: {recorded} does not apply: {e.stderr.decode().strip()}")
+            print(f"warning: {recorded} does not apply; starting from the generic resolution")
+    if record:
+        input(f"\n{recorded.name}: resolve in {checkout} (`git diff`: the edits so far), "
+              "then press Enter to record it ")  # fmt: skip
+        diff = git(checkout, "diff", "--no-color", "--no-ext-diff")
+        recorded.parent.mkdir(parents=True, exist_ok=True)
+        if diff:
+            recorded.write_bytes(diff)
+        else:
+            recorded.unlink(missing_ok=True)
+        git(checkout, "add", "-u")
+        done.append(f"{recorded.name}: recorded ({len(diff.splitlines())} lines)")
     return done
 
 
@@ -110,7 +128,12 @@ def finish(result: str) -> None:
 
 
 def main() -> None:
-    to = sys.argv[1] if len(sys.argv) > 1 else "0.32.0"
+    parser = argparse.ArgumentParser(description="End-to-end rebase onto a real release.")
+    parser.add_argument("to", nargs="?", default="0.32.0")
+    parser.add_argument("--record", action="store_true",
+                        help="resolve each conflict by hand and record it")  # fmt: skip
+    args = parser.parse_args()
+    to = args.to
     real_work = Path(os.environ.get("SERIES_WORK_DIR", ROOT / "work")).absolute()
     real_work.mkdir(parents=True, exist_ok=True)  # on the cache's file system: renames work
     with tempfile.TemporaryDirectory(prefix="rebase-e2e-", dir=real_work) as tmp:
@@ -135,8 +158,8 @@ def main() -> None:
                 finish("FAILED: the rebase stopped without a conflict to resolve")
             patch = re.search(r"(\d{4}-\S+\.patch) conflicts", proc.stderr)
             name = patch[1] if patch else "?"
-            for line in resolve(scratch, ROOT / "qualification" / "rebase" / f"resolutions-{to}"
-                                / name):  # fmt: skip
+            recorded = ROOT / "qualification" / "rebase" / f"resolutions-{to}" / f"{name[:4]}.diff"
+            for line in resolve(scratch, recorded, args.record):
                 steps.append((f"resolved {name}", 0.0, line))
             proc = run("make rebase CONTINUE=1", [*make, "rebase", "CONTINUE=1"], clone, env,
                        ok=(0, 1, 2))  # fmt: skip
