@@ -748,6 +748,7 @@ def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
 
 
 MANY_REPEATS = 4
+BASE_BOUND = "base v0.33.0, INSTANTTENSOR_BUFFER_SIZE at the bound"
 COPY_FALSE = {"instanttensor_copy": False}
 
 
@@ -765,6 +766,8 @@ def many_configs(ck: dict) -> list:
         ("series, borrowed, consumer keeps an owned tensor", "series", keeps),
         ("series bound", "series", {"env": bound}),
         ("series bound, pinned staging", "series", {"env": bound, "extra": PINNED}),
+        # The bound's own cost: InstantTensor's ring at the bound, in v0.33.0.
+        (BASE_BOUND, "base", {"env": bound}),
     ]
     part = {"dir": ck["many"]["part"]["dir"], "dests": ck["many"]["dir"]}
     for depth in (1, 60):
@@ -820,9 +823,11 @@ def bench_many(run: Run, W: dict, ck: dict, until: float) -> dict:
         label: W[wname].call("profile_first", timeout=60, **{"dir": info["dir"], **kw})
         for label, wname, kw in configs[:2] + configs[4:5]
     }
-    base = out["configs"].get("base v0.33.0", {}).get("median_s")
     for label, s in out["configs"].items():
         if not label.startswith("check cost"):
+            # A bounded load against v0.33.0 with its ring at the same bound.
+            s["base"] = BASE_BOUND if label.startswith("series bound") else "base v0.33.0"
+            base = out["configs"].get(s["base"], {}).get("median_s")
             s["ratio_vs_base"] = common.ratio(s["median_s"], base)
         elif not label.endswith("check off"):
             off = out["configs"].get(f"{label}, check off", {})

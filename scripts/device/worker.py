@@ -784,8 +784,8 @@ def op_pinned_read(cmd: dict) -> dict:
     path, name = cmd["file"], cmd["tensor"]
     reps = cmd.get("reps", 5)
     reader_cls = getattr(weight_utils, "_PinnedReader", None)
-    info = weight_utils._shard_tensors(path, True)[name] if reader_cls else None
-    nbytes = info.nbytes if info else os.path.getsize(path)
+    shards = {path: weight_utils._open_shard(path, True)} if reader_cls else None
+    nbytes = shards[path].sizes[name] if shards else os.path.getsize(path)
     ref = reference_tensor(path, name).to(DEVICE)
     dest = torch.empty_like(ref)
     sync()
@@ -817,7 +817,9 @@ def op_pinned_read(cmd: dict) -> dict:
                     tensor = f.get_tensor(name)
                 else:
                     reader = stack.enter_context(
-                        reader_cls([(path, info)], 2 * nbytes, method[0], method[1])
+                        contextlib.closing(
+                            reader_cls(shards, [(path, name, nbytes)], 2 * nbytes, *method)
+                        )
                     )
                     tensor = reader(path, name)
                 t1 = time.perf_counter()

@@ -596,7 +596,13 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
     assert {c["tp"] for c in res["deferred"]["configs"].values()} == {1, 8}
     assert res["pinned_read"]["pinned_reader"] == "absent from this tree"
     many = res["many"]
-    assert set(many["configs"]) == {"base v0.33.0", "series, options unset", "series bound"}
+    bound = run_all_module().BASE_BOUND
+    assert set(many["configs"]) == {
+        "base v0.33.0",
+        "series, options unset",
+        "series bound",
+        bound,
+    }
     assert len(many["not_run"]) == 7 and all(c["runs"] for c in many["configs"].values())
     assert "SMOKE RUN" in (tmp_path / "out" / "summary.md").read_text()
 
@@ -748,7 +754,7 @@ def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
     assert not any(key in res for key in ("throughput", "staging", "real_writer"))
     many = res["many"]
     labels = [label for label, _, _ in run_all_module().many_configs(res["checkpoints"])]
-    assert list(many["configs"]) == labels and len(labels) == 10
+    assert list(many["configs"]) == labels and len(labels) == 11
     rounds = run_all_module().MANY_REPEATS
     assert many["rounds"] == rounds and many["n_tensors"] == 400
     assert many["part"]["n_tensors"] == 80
@@ -770,7 +776,9 @@ def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
         assert on["check_ratio"] == pytest.approx(on["median_s"] / off["median_s"])
     targets = {t["name"]: t for t in res["targets"]}
     assert all(name.startswith("many tensors: ") for name in targets) and len(targets) == 7
-    assert "many tensors: series bound, pinned staging / base (time)" in targets
+    bound = run_all_module().BASE_BOUND
+    assert f"many tensors: series bound, pinned staging / {bound} (time)" in targets
+    assert configs["series bound"]["base"] == bound and configs[bound]["tree"] == "base"
     assert targets["many tensors: retention check cost, depth 60 (with / without)"]["value"]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "## Many small tensors (400 tensors of 256 B in 10 shards" in summary
