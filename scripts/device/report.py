@@ -6,6 +6,7 @@ tooling tests exercise it on a CPU machine with made-up results.
 
 from __future__ import annotations
 
+import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -261,7 +262,7 @@ def evaluate_targets(res: dict) -> list[dict]:
                 r,
                 r is not None and r <= 1.03,
                 f"{fmt(c.get('us_per_tensor'), 1)} us per tensor, first tensor after"
-                f" {fmt(c.get('first_tensor_s'))} s",
+                f" {fmt(c.get('first_tensor_s'))} s; best rounds {fmt(c.get('ratio_best'), 3)}",
             )
         if "check_ratio" in c:
             add(
@@ -331,9 +332,14 @@ def render_summary(res: dict) -> str:
         if targets
         else ""
     )
+    argv = res.get("argv") or []
+    # The arguments as typed after the script's name (--out is the tool's $OUT).
+    args = [a for i, a in enumerate(argv) if "--out" not in (a, argv[i - 1] if i else "")]
+    command = str(res.get("command")).replace(".sh", ".sh " + shlex.join(args), 1)
     out.append(
         f"- status: **{res.get('status', '?')}** (procedure){verdict}; command:"
-        f" `{res.get('command')}`; wall time {fmt(res.get('wall_seconds'), 0)} s"
+        f" `{command if args else res.get('command')}`; wall time"
+        f" {fmt(res.get('wall_seconds'), 0)} s"
     )
     out.append(
         f"- base: vLLM {base.get('version')} (commit {str(base.get('commit'))[:12]},"
@@ -606,6 +612,7 @@ def render_summary(res: dict) -> str:
                 c.get("tree"),
                 c.get("median_s"),
                 fmt(c.get("ratio_vs_base"), 3),
+                fmt(c.get("ratio_best"), 3),
                 c.get("base", "–"),
                 c.get("first_tensor_s"),
                 fmt(c.get("us_per_tensor"), 1),
@@ -620,6 +627,7 @@ def render_summary(res: dict) -> str:
                     "tree",
                     "seconds",
                     "× base",
+                    "× base, best rounds",
                     "base",
                     "first tensor s",
                     "µs per tensor",

@@ -783,6 +783,26 @@ def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "## Many small tensors (400 tensors of 256 B in 10 shards" in summary
     assert "many check cost: keeps an owned tensor, depth 60" in proc.stdout
+    for label, c in configs.items():
+        if "ratio_vs_base" in c:
+            base = configs[c["base"]]
+            assert c["ratio_best"] == pytest.approx(c["min_s"] / base["min_s"]), label
+
+
+def test_many_tensor_rows_and_rounds_chosen(series_bundle, tmp_path):
+    """``--many-configs`` runs the rows it names, ``--many-rounds`` that many
+    rounds, and the summary's command line shows both, pasteable."""
+    rows = "base v0.33.0;series, options unset"
+    proc, res = run_all(
+        series_bundle, tmp_path, "--only", "many", "--many-configs", rows, "--many-rounds", "2"
+    )
+    assert proc.returncode == 0 and res["status"] == "pass", proc.stdout[-3000:]
+    many = res["many"]
+    assert list(many["configs"]) == rows.split(";") and many["rounds"] == 2
+    assert all(c["runs"] == 2 for c in many["configs"].values())
+    status = (tmp_path / "out" / "summary.md").read_text().splitlines()[2]
+    assert status.count("`bash scripts/device/run_all.sh --") == 1 and "--out" not in status
+    assert f" --only many --many-configs '{rows}' --many-rounds 2   (device tool" in status
 
 
 def test_tp2_on_cpu(series_bundle, tmp_path):
