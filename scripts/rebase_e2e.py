@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +128,17 @@ def finish(result: str) -> None:
     sys.exit(0 if result == "PASSED" else 1)
 
 
+# What `make test-rebase-e2e X=...` puts in the environment, for make to
+# export; the sub-makes take only the variables the script passes them.
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "ARGS", "TO", "VLLM", "PATCHES",
+                  "CONTINUE", "ABORT", "KEEP", "NOTEST", "FORCE")  # fmt: skip
+
+
+def make_env(environ: Mapping[str, str], work: Path) -> dict[str, str]:
+    env = {k: v for k, v in environ.items() if k not in MAKE_VARIABLES}
+    return {**env, "SERIES_WORK_DIR": str(work)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="End-to-end rebase onto a real release.")
     parser.add_argument("to", nargs="?", default="0.32.0")
@@ -145,8 +157,7 @@ def main() -> None:
         for name in ("base", "sdist"):  # the cache of materialised bases is shared
             (real_work / name).mkdir(parents=True, exist_ok=True)
             (work / name).symlink_to(real_work / name)
-        env = {**os.environ, "SERIES_WORK_DIR": str(work)}
-        env.pop("MAKEFLAGS", None)
+        env = make_env(os.environ, work)
         make = ["make", "-s", "-o", "venv", "-C", str(clone)]
         proc = run(f"make rebase TO={to} KEEP=1 NOTEST=1", [*make, "rebase", f"TO={to}",
                    "KEEP=1", "NOTEST=1"], clone, env, ok=(0, 1, 2))  # fmt: skip
