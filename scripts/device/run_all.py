@@ -824,7 +824,8 @@ def bench_many(
     # Where the time to the first tensor goes, base against the series.
     out["profile_first"] = {
         label: W[wname].call("profile_first", timeout=60, **{"dir": info["dir"], **kw})
-        for label, wname, kw in configs[:2] + configs[4:5]
+        for label, wname, kw in configs
+        if label in ("base v0.33.0", "series, options unset", "series bound")
     }
     for label, s in out["configs"].items():
         if not label.startswith("check cost"):
