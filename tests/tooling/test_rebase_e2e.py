@@ -11,6 +11,17 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import rebase_e2e  # noqa: E402
 
 
+def rebase_dry_run(env: dict[str, str]) -> str:
+    """What `make rebase TO=0.32.0 KEEP=1` would run, in *env*."""
+    return subprocess.run(
+        ["make", "-n", "-s", "-o", "venv", "-C", str(ROOT), "rebase", "TO=0.32.0", "KEEP=1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
 def test_make_variables_stay_with_the_outer_make(tmp_path):
     """`make test-rebase-e2e ARGS=--record VLLM=...` exports both to the
     script; its `make rebase` gets only what the script passes, so `--record`
@@ -23,21 +34,8 @@ def test_make_variables_stay_with_the_outer_make(tmp_path):
     }
     env = rebase_e2e.make_env(outer, tmp_path)
     assert env["SERIES_WORK_DIR"] == str(tmp_path)
-    proc = subprocess.run(
-        ["make", "-n", "-s", "-o", "venv", "-C", str(ROOT), "rebase", "TO=0.32.0", "KEEP=1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert '--to "$TO"' in proc.stdout and "--keep-conflict" in proc.stdout
-    assert "--record" not in proc.stdout and "/elsewhere" not in proc.stdout
+    recipe = rebase_dry_run(env)
+    assert '--to "$TO"' in recipe and "--keep-conflict" in recipe
+    assert "--record" not in recipe and "/elsewhere" not in recipe
     # The same command with the outer environment: what went wrong before.
-    leaked = subprocess.run(
-        ["make", "-n", "-s", "-o", "venv", "-C", str(ROOT), "rebase", "TO=0.32.0", "KEEP=1"],
-        env={**outer, "SERIES_WORK_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "--record" in leaked.stdout
+    assert "--record" in rebase_dry_run({**outer, "SERIES_WORK_DIR": str(tmp_path)})
