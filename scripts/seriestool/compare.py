@@ -237,7 +237,7 @@ def _compare_in(
             ours = f"its pinned base {b.project} {b.version} ({base[:12]})"
             try:
                 commits = scratch_mod.apply_patches(
-                    scratch, files, side_images, ours, env=scratch_mod.REPRODUCIBLE_COMMITTER
+                    scratch, files, side_images, ours, env=g.SCRATCH_COMMITTER
                 )
             except SeriesError as e:
                 raise SeriesError(f"{state.label}: {e}") from None

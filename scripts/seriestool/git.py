@@ -247,21 +247,33 @@ def tracked_changes(repo: Path) -> list[str]:
     return [line for line in status.splitlines() if line.strip()]
 
 
-# Who commits when git has no identity for the user: the README names it.
-FALLBACK_NAME, FALLBACK_EMAIL = "vLLM loader series", "series@localhost"
+# The committer of commits made only in the tool's own throw-away
+# repositories (never fetched into a user's): fixed, so their ids depend
+# only on the patches and the base.
+SCRATCH_COMMITTER = {
+    "GIT_COMMITTER_NAME": "seriestool scratch",
+    "GIT_COMMITTER_EMAIL": "scratch@seriestool.invalid",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
 
 
 def user_identity(repo: Path) -> dict[str, str]:
     """``GIT_COMMITTER_NAME``/``EMAIL`` as the user's own git would commit in ``repo``
-    (``git var`` with all their config; else the fallback identity), passed per
-    command: the tool never writes ``user.*`` into any config."""
+    (``git var`` with all their config), passed per command: the tool never
+    writes ``user.*`` into any config, nor invents one.  Where git would refuse
+    to commit (no identity, ``user.useConfigOnly``), SeriesError, changing nothing."""
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     proc = subprocess.run(
         ["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
         capture_output=True, env=env, check=False, start_new_session=True,
     )  # fmt: skip
     name, sep, rest = decode(proc.stdout).partition(" <")
-    email = rest.partition(">")[0]
     if proc.returncode != 0 or not sep or not name.strip():
-        name, email = FALLBACK_NAME, FALLBACK_EMAIL
-    return {"GIT_COMMITTER_NAME": name.strip(), "GIT_COMMITTER_EMAIL": email}
+        said = decode(proc.stderr).strip().splitlines()
+        raise SeriesError(
+            f"git has no identity of yours to commit with in {repo}"
+            f" ({said[-1] if said else 'git var GIT_COMMITTER_IDENT failed'}); nothing was"
+            " changed.  Set yours, e.g.\n    git config --global user.name \"Your Name\"\n"
+            "    git config --global user.email you@example.com\nand run again"
+        )
+    return {"GIT_COMMITTER_NAME": name.strip(), "GIT_COMMITTER_EMAIL": rest.partition(">")[0]}

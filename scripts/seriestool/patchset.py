@@ -131,7 +131,8 @@ def am(
 ) -> None:
     """``git am [--3way]`` the patches onto HEAD of ``repo``, every option a setting
     could change given; hooks off but ``hooks`` (the tool's own); committer:
-    ``env``'s, else the user's.  A failure leaves the am session to the caller."""
+    ``env``'s, else ``git.SCRATCH_COMMITTER`` (a checkout of the user's gets
+    ``git.user_identity``).  A failure leaves the am session to the caller."""
     # --keep-non-patch: strip only "[PATCH]", keep "[Model Loader]"-style tags.
     args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors",
             "--no-message-id", "--no-gpg-sign", "--no-signoff", "--whitespace=nowarn"]  # fmt: skip
@@ -140,7 +141,7 @@ def am(
     if hooks is not None:
         args = ["-c", f"core.hooksPath={hooks}", *args]
     if not (env and "GIT_COMMITTER_NAME" in env):
-        env = {**g.user_identity(repo), **(env or {})}
+        env = {**g.SCRATCH_COMMITTER, **(env or {})}
     g.git(repo, *args, *[str(p) for p in patches], env=env)
 
 

@@ -384,6 +384,7 @@ def start(
             f"the series is already based on {manifest.base.project} {to}; pass another"
             " version or commit as TO="
         )
+    g.user_identity(user or patch_dir)  # the rebased commits are the user's: refuse first
 
     work = base_mod.WORK_DIR / "rebase" / slug
     keep_in_user = keep_conflict and user is not None
@@ -619,7 +620,7 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
         check = g.git(checkout, "apply", "--check", str(patch), check=False)
         plain = check.returncode == 0
         try:
-            patchset.am(checkout, [patch])
+            patchset.am(checkout, [patch], env=g.user_identity(checkout))
         except SeriesError as e:
             entry.status = CONFLICT
             sess.conflict = _conflict_detail(checkout, entry.file, check.stderr + "\n" + str(e))
@@ -665,7 +666,7 @@ def _leave_placement_conflict(
     (hooks / "pre-applypatch").write_text(_STOP_HOOK)
     (hooks / "pre-applypatch").chmod(0o755)
     with contextlib.suppress(SeriesError):  # it stops: that is the point
-        patchset.am(checkout, [patch], hooks=hooks)
+        patchset.am(checkout, [patch], env=g.user_identity(checkout), hooks=hooks)
     target = g.tree_entries(checkout, sess.pre_head, sorted(image))
     index_info = []
     for path, (pre, post) in sorted(image.items()):

@@ -22,15 +22,6 @@ from . import git as g
 from . import hints, patchset, placement
 from .errors import SeriesError
 
-# The committer of commits whose ids a report quotes: with a fixed name and
-# date (the environment's identity otherwise wins), the commits ``git am``
-# makes depend only on the patches and the base.
-REPRODUCIBLE_COMMITTER = {
-    "GIT_COMMITTER_NAME": g.FALLBACK_NAME,
-    "GIT_COMMITTER_EMAIL": g.FALLBACK_EMAIL,
-    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
-}
-
 
 # Files of paths git reads as bytes: written as ``git.encode`` writes them.
 _PATHS = {"encoding": "utf-8", "errors": "surrogateescape"}
