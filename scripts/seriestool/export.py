@@ -122,7 +122,9 @@ def refresh_manifest(
     log: Callable[[str], object] = print,
 ) -> manifest_mod.Manifest:
     """Manifest with patch list, subjects, patch IDs and touched-file blobs of ``base``
-    (``previous`` and the groups kept, but for subjects no patch has any more)."""
+    (``previous`` and the groups kept, following a reworded patch by its patch
+    ID, but for subjects no patch has any more and groups left empty)."""
+    old = {p.patch_id: p.subject for p in manifest.patches}
     manifest.patches = [
         manifest_mod.PatchEntry(
             file=p.name,
@@ -134,11 +136,10 @@ def refresh_manifest(
     ]
     touched = sorted({path for p in patch_files for path in patchset.files_touched(repo, p)})
     manifest.base.touched_files = g.blob_ids(repo, base, touched)
-    for dropped in manifest.prune_departed():
-        log(
-            f"note: dropped {dropped}: no patch has that"
-            " subject any more (if it was renamed, record it again under its new subject)"
-        )
+    renamed = {old[p.patch_id]: p.subject for p in manifest.patches
+               if old.get(p.patch_id, p.subject) != p.subject}  # fmt: skip
+    for note in manifest.prune_departed(renamed):
+        log(f"note: {note}")
     return manifest
 
 

@@ -104,19 +104,48 @@ class Manifest:
         tmp.write_text(self.to_json(), encoding="utf-8")
         tmp.replace(path)
 
-    def prune_departed(self) -> list[str]:
-        """Drop the subjects that are no patch's any more from ``previous`` and
-        from the groups; returns what was dropped, in words (the rest is kept)."""
+    def prune_departed(self, renamed: dict[str, str] | None = None) -> list[str]:
+        """Follow ``renamed`` (old subject -> new, for a reworded patch) in
+        ``previous`` and the groups, drop the subjects that are no patch's any
+        more, then the groups left with no patch (those that depended on one
+        depend on its dependencies instead); returns what changed, in words."""
+        renamed = {normalise(old): new for old, new in (renamed or {}).items()}
         subjects = {normalise(p.subject) for p in self.patches}
-        dropped = []
-        for key in [key for key in self.previous if normalise(key) not in subjects]:
-            del self.previous[key]
-            dropped.append(f'"previous" entry {key!r} from the manifest')
+        gone = "no patch has that subject any more"
+        notes = [f"renamed {old!r} to {new!r} in the manifest's previous entries and groups"
+                 for old, new in renamed.items()]  # fmt: skip
+        for key in list(self.previous):
+            value = self.previous.pop(key)
+            key = renamed.get(normalise(key), key)
+            if normalise(key) in subjects:
+                self.previous[key] = value
+            else:
+                notes.append(f'dropped "previous" entry {key!r} from the manifest: {gone}')
         for group in self.groups:
-            gone = [s for s in group.patches if normalise(s) not in subjects]
-            group.patches = [s for s in group.patches if s not in gone]
-            dropped += [f"{s!r} from the manifest's group {group.name!r}" for s in gone]
-        return dropped
+            kept = [renamed.get(normalise(s), s) for s in group.patches]
+            group.patches = [s for s in kept if normalise(s) in subjects]
+            notes += [f"dropped {s!r} from the manifest's group {group.name!r}: {gone}"
+                      for s in kept if normalise(s) not in subjects]  # fmt: skip
+        empty = {group.name: group.depends for group in self.groups if not group.patches}
+
+        def through(names: list[str]) -> list[str]:
+            out: list[str] = []
+            for name in names:
+                for dep in through(empty[name]) if name in empty else [name]:
+                    out += [dep] if dep not in out else []
+            return out
+
+        for name, depends in empty.items():
+            users = [group.name for group in self.groups if name in group.depends]
+            notes.append(
+                f"dropped the manifest's group {name!r}: it has no patch left"
+                + (f"; {', '.join(users)} now depend(s) on {through(depends) or 'no group'}"
+                   f" instead" if users else "")
+            )  # fmt: skip
+        self.groups = [group for group in self.groups if group.patches]
+        for group in self.groups:
+            group.depends = through(group.depends)
+        return notes
 
 
 def normalise(subject: str) -> str:
@@ -199,8 +228,12 @@ def group_problems(manifest: Manifest) -> list[str]:
             elif key in owner:
                 found.append(f"{subject!r} is in two groups, {owner[key]!r} and {group.name!r}")
             owner.setdefault(key, group.name)
-    found += [f"{p.file} is in no group" for p in manifest.patches
+    found += [f'{p.file} is in no group: add its subject, {p.subject!r}, to the "patches" of'
+              f' one group in "series"."groups" of the manifest' for p in manifest.patches
               if manifest.groups and normalise(p.subject) not in owner]  # fmt: skip
+    found += [f'group {group.name!r} has no patches: remove it from "series"."groups" (and'
+              " from the depends of the groups that name it)" for group in manifest.groups
+              if not group.patches]  # fmt: skip
     for group in manifest.groups:
         own = {subjects[normalise(s)] for s in group.patches if normalise(s) in subjects}
         try:

@@ -493,8 +493,7 @@ def test_export_keeps_previous_and_drops_entries_of_patches_gone(project):
     assert list(saved.previous.items()) == [(RING_SUBJECT, [STAGING_V1])]
     assert [n for n in notes if n.startswith("note:")] == [
         "note: dropped \"previous\" entry '[Reload] own deferred tensors' from the manifest: no"
-        " patch has that subject any more (if it was renamed, record it again under its new"
-        " subject)"
+        " patch has that subject any more"
     ]
     assert check_manifest.problems(saved, project.patch_dir) == []
     before = path.read_bytes()

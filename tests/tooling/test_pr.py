@@ -157,7 +157,9 @@ def _groups(manifest, **changes):
     [
         ({"first": (["[Loader] frist change"], [])},
          "group 'first' names '[Loader] frist change', no patch's subject; did you mean"),
-        ({"first": ([], [])}, "0001-Loader-first-change.patch is in no group"),
+        ({"first": ([], [])}, "0001-Loader-first-change.patch is in no group: add its subject,"
+         " '[Loader] first change', to the \"patches\" of one group in \"series\".\"groups\""),
+        ({"first": ([], [])}, "group 'first' has no patches: remove it"),
         ({"other": ([OTHER, FIRST], [])}, f"'{FIRST}' is in two groups, 'first' and 'other'"),
         ({"second": ([SECOND], ["fist"])}, "no group 'fist' (a dependency of 'second')"),
         ({"first": ([FIRST], ["second"])}, "in a cycle: first -> second -> first"),
@@ -176,19 +178,50 @@ def test_check_manifest_refuses_inconsistent_groups(grouped, capsys, changes, ex
     assert expected in capsys.readouterr().out
 
 
-def test_export_keeps_the_groups_and_drops_a_departed_patch_with_a_note(grouped):
-    repo, manifest, patch_dir = grouped
-    path = patch_dir / "series.json"
-    assert manifest_mod.load(path).groups == manifest.groups
-    repo.git("branch", "two", "work~1")
+def _export(repo, manifest, branch, patch_dir):
     notes = []
-    export_mod.export_series(repo.path, manifest_mod.load(path), "two", manifest.base.commit,
+    path = patch_dir / "series.json"
+    export_mod.export_series(repo.path, manifest_mod.load(path), branch, manifest.base.commit,
                              patch_dir=patch_dir, manifest_path=path, log=notes.append)  # fmt: skip
-    saved = manifest_mod.load(path)
-    assert [(g.name, g.patches) for g in saved.groups] == [
-        ("first", [FIRST]), ("second", [SECOND]), ("other", []),
-    ]  # fmt: skip
+    return manifest_mod.load(path), notes
+
+
+def test_export_drops_a_departed_patch_and_the_group_it_leaves_empty(grouped, capsys):
+    repo, manifest, patch_dir = grouped
+    assert manifest_mod.load(patch_dir / "series.json").groups == manifest.groups
+    repo.git("branch", "two", "work~1")
+    saved, notes = _export(repo, manifest, "two", patch_dir)
+    assert [(g.name, g.patches) for g in saved.groups] == [("first", [FIRST]), ("second", [SECOND])]
     assert f"note: dropped '{OTHER}' from the manifest's group 'other': no patch" in notes[0]
+    assert "note: dropped the manifest's group 'other': it has no patch left" in notes[1]
+    args = type("Args", (), {"manifest": str(patch_dir / "series.json"), "patches_dir": None})
+    assert check_manifest.run(args) == 0, capsys.readouterr().out
+
+
+def test_a_group_left_empty_hands_its_dependencies_to_the_groups_that_needed_it(grouped):
+    _repo, manifest, _patch_dir = grouped
+    manifest.groups.append(manifest_mod.Group("third", [OTHER], ["second"], False, "x"))
+    manifest.groups[2].patches = []  # "other" gives its patch away
+    manifest.patches = [p for p in manifest.patches if p.subject != FIRST]  # absorbed upstream
+    notes = manifest.prune_departed()
+    assert [(g.name, g.patches, g.depends) for g in manifest.groups] == [
+        ("second", [SECOND], []), ("third", [OTHER], ["second"]),
+    ]  # fmt: skip
+    assert "dropped the manifest's group 'first': it has no patch left; second now" in notes[1]
+    assert manifest_mod.group_problems(manifest) == []
+
+
+def test_rewording_a_subject_keeps_the_patch_in_its_group(grouped, capsys):
+    repo, manifest, patch_dir = grouped
+    reworded = "[Loader] first change, reworded"
+    repo.git("checkout", "-q", "-b", "reworded", "work~2")
+    repo.git("commit", "-q", "--amend", "-m", _message(reworded, "tests/test_first.py"))
+    repo.git("cherry-pick", "work~1", "work")
+    saved, notes = _export(repo, manifest, "reworded", patch_dir)
+    assert [(g.name, g.patches) for g in saved.groups][0] == ("first", [reworded])
+    assert f"note: renamed '{FIRST}' to '{reworded}'" in notes[0]
+    args = type("Args", (), {"manifest": str(patch_dir / "series.json"), "patches_dir": None})
+    assert check_manifest.run(args) == 0, capsys.readouterr().out
 
 
 def test_group_plan_tests_each_upstream_set_once(grouped):
@@ -230,3 +263,37 @@ def test_test_series_applies_each_group_alone_and_fails_one_that_does_not_stand(
     manifest.groups[1].depends = []
     assert seriestest.check_prefixes(manifest, patch_dir) == 1
     assert "failed step: group second: does not apply" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["pr", "pr --signoff", "apply"])
+def test_where_git_would_refuse_to_commit_the_tool_refuses_first(
+    grouped, tmp_path, monkeypatch, command
+):
+    """No identity (``user.useConfigOnly``, nothing configured): no command
+    commits as an invented one; each refuses, saying how to set one, and the
+    checkout is unchanged byte for byte."""
+    from seriestool import apply as apply_mod
+
+    repo, manifest, patch_dir = grouped
+    empty = tmp_path / "empty.gitconfig"
+    empty.write_text("")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
+    for key in ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_AUTHOR_NAME",
+                "GIT_AUTHOR_EMAIL", "EMAIL"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    repo.git("config", "--unset", "user.name")
+    repo.git("config", "--unset", "user.email")
+    repo.git("config", "user.useConfigOnly", "true")
+    _user_state(repo)
+    repo.git("stash", "-q")
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as e:
+        if command == "apply":
+            apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+        else:
+            pr.make_pr(repo.path, manifest, "second", patch_dir, signoff="--signoff" in command,
+                       log=lambda *_: None)  # fmt: skip
+    assert "git has no identity of yours to commit with" in str(e.value)
+    assert 'git config --global user.name "Your Name"' in str(e.value)
+    assert snapshot(repo) == before
