@@ -71,8 +71,8 @@ status:
 	@PYTHONPATH=scripts python3 -m seriestool status $(call opt,--vllm,VLLM) $(call opt,--patches-dir,PATCHES)
 
 remove:
-	$(call no_patches,it reads no series folder)
-	@PYTHONPATH=scripts python3 -m seriestool remove $(call opt,--vllm,VLLM) $(if $(DELETE),--delete-branch)
+	@PYTHONPATH=scripts python3 -m seriestool remove $(call opt,--vllm,VLLM) $(if $(DELETE),--delete-branch) \
+		$(call opt,--patches-dir,PATCHES)
 
 export: venv
 	$(SERIES) export $(call opt,--vllm,VLLM) $(call opt,--branch,BRANCH) $(call opt,--base,BASE) \

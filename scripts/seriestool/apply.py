@@ -119,14 +119,6 @@ def _apply(
             f"{repo} holds only part of the series: its files are the series' state after"
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
-    # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
-    branch = manifest.branch_name
-    if g.rev(repo, f"refs/heads/{branch}"):
-        raise SeriesError(
-            f"branch {branch} already exists in {repo} but HEAD does not carry the"
-            f" series; check it out (`{hints.git(repo, 'checkout', branch)}`) or delete it"
-            f" (`{hints.git(repo, 'branch', '-D', branch)}`) and run again"
-        )
     if differ:
         held = versions.held_in(repo, head, patch_dir)
         if held:
@@ -143,10 +135,14 @@ def _apply(
             + "\nmove them out of the way and run again"
         )
 
+    branch = manifest.branch_name
+    start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
+    if kept := g.rev(repo, f"refs/heads/{branch}"):
+        return _switch_to_kept(repo, branch, head, kept, start_from, states[-1], paths, created,
+                               patch_dir, log, guard)  # fmt: skip
     # The series' objects wait aside until the checkout is switched to them.
     with scratch.quarantine(repo) as objects:
         tip, commits = _build(repo, head, patches, images, states[-1], paths, objects)
-        start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
         config = {
             f"branch.{branch}.{SERIES_BASE_KEY}": head,
             f"branch.{branch}.{SERIES_FROM_KEY}": start_from,
@@ -163,6 +159,32 @@ def _apply(
     guard.completed()
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
     log(_summary(manifest, commits, "applied"))
+    return 0
+
+
+def _switch_to_kept(repo, branch, head, kept, start_from, result, paths, created, patch_dir, log,
+                    guard) -> int:  # fmt: skip
+    """The series branch is there already (``make remove`` keeps it): switch to it
+    if it is this series on HEAD's commit and nothing else, else refuse."""
+    recorded = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
+    mine = versions.foreign_commits(repo, head, kept, patch_dir)
+    if g.rev(repo, recorded.stdout.strip() or "-") != head or mine or g.blob_ids(
+        repo, kept, paths) != result:  # fmt: skip
+        what = (f"{len(mine)} commit(s) of no series version this repository knows"
+                if mine else "not this series on HEAD's commit")  # fmt: skip
+        raise SeriesError(
+            f"branch {branch} already exists in {repo} and holds {what}; nothing was changed."
+            f"  Check it out (`{hints.git(repo, 'checkout', branch)}`), or move it aside,"
+            f" keeping its commits (`{hints.git(repo, 'branch', '-m', branch, branch + '-old')}`),"
+            " and run again (`git branch -D` would delete its commits)"
+        )
+    key = f"branch.{branch}.{SERIES_FROM_KEY}"
+    scope = journal.Scope(paths={p: [result[p]] if result[p] else [] for p in paths},
+                          refs={f"refs/heads/{branch}": [kept]}, config={key: start_from})  # fmt: skip
+    switch(repo, "apply", head, kept, f"refs/heads/{branch}", scope,
+           {p: {result[p]} for p in created}, log, [("config", key, start_from)])  # fmt: skip
+    guard.completed()
+    log(f"switched {repo} to branch {branch}, which holds the series on this commit already")
     return 0
 
 

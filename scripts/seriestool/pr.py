@@ -59,8 +59,10 @@ def make_pr(
         branch = f"pr/{name}"
         if g.rev(repo, f"refs/heads/{branch}"):
             raise SeriesError(
-                f"branch {branch} already exists in {repo}; delete it"
-                f" (`{hints.git(repo, 'branch', '-D', branch)}`) and run again"
+                f"branch {branch} already exists in {repo}; move it aside, keeping its commits"
+                f" (`{hints.git(repo, 'branch', '-m', branch, branch + '-old')}`), and run again"
+                f" (`{hints.git(repo, 'branch', '-D', branch)}` would delete its commits,"
+                " yours among them if you added any)"
             )
         base = export_mod.resolve_base(repo, manifest, None, manifest.branch_name)
         entries = manifest_mod.group_patches(manifest, name)

@@ -46,15 +46,15 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
         log("series: none; HEAD's files are not the pinned base's either")
     base = _recorded(repo, branch, apply.SERIES_BASE_KEY)
     if base and held:
-        on_top = int(g.out(repo, "rev-list", "--count", "--first-parent", f"{base}..HEAD"))
-        log(f"base: {base} (recorded by apply); commits beyond the series on {branch}:"
-            f" {on_top - held.held}")  # fmt: skip
+        beyond = len(versions.foreign_commits(repo, base, head, patch_dir))
+        log(f"base: {base} (recorded by apply); commits beyond the series on {branch}: {beyond}")
     elif held:
         log("base: not recorded (HEAD is on no branch that `make apply` made)")
     return 0
 
 
-def remove(repo: Path, delete_branch: bool = False, log=print) -> int:
+def remove(repo: Path, delete_branch: bool = False, log=print,
+           patch_dir: Path = manifest_mod.PATCH_DIR) -> int:  # fmt: skip
     """Switch ``repo`` from its series branch back to where apply started it; a
     refusal (SeriesError) or a signal (Interrupted) leaves it unchanged."""
     with apply.interrupts.deferred() as guard, journal.locked(Path(repo)):
@@ -65,6 +65,15 @@ def remove(repo: Path, delete_branch: bool = False, log=print) -> int:
             raise SeriesError(
                 f"HEAD of {repo} is on no branch that `make apply` made (none records"
                 f" branch.<name>.{apply.SERIES_BASE_KEY}); check out the series branch first"
+            )
+        if delete_branch and (mine := versions.foreign_commits(repo, base, head, patch_dir)):
+            listing = g.out(repo, "log", "--no-walk=unsorted", "--format=%h %s", *mine)
+            raise SeriesError(
+                f"branch {branch} holds {len(mine)} commit(s) of no series version this"
+                f" repository knows, which DELETE=1 would delete; nothing was changed:\n  "
+                + listing.replace("\n", "\n  ") + f"\n`{hints.make('remove', VLLM=str(repo))}`"
+                " (without DELETE=1) keeps the branch; to delete it all the same, first keep"
+                f" them on a branch of their own (`{hints.git(repo, 'branch', 'my-work', head)}`)"
             )
         start = _recorded(repo, branch, apply.SERIES_FROM_KEY) or base
         start = start if g.rev(repo, start) else base  # the branch apply started from is gone
@@ -80,6 +89,8 @@ def remove(repo: Path, delete_branch: bool = False, log=print) -> int:
                 " overwrites them:\n  " + "\n  ".join(in_the_way) + "\nmove them away and run again"
             )
         ref = f"refs/heads/{branch}"
+        recorded = {f"branch.{branch}.{key}": _recorded(repo, branch, key)
+                    for key in (apply.SERIES_BASE_KEY, apply.SERIES_FROM_KEY)}  # fmt: skip
         keys = [f"branch.{branch}.{key}" for key in (apply.SERIES_BASE_KEY, apply.SERIES_FROM_KEY)
                 if delete_branch and _recorded(repo, branch, key)]  # fmt: skip
         scope = journal.Scope(
@@ -93,7 +104,8 @@ def remove(repo: Path, delete_branch: bool = False, log=print) -> int:
         apply.switch(repo, "remove", head, target, start, scope, created, log, after=after)
         guard.completed()
     log(f"removed the series from {repo}: HEAD is on {start.removeprefix('refs/heads/')}")
-    back = hints.git(repo, "branch", branch, head)
+    back = " && ".join([hints.git(repo, "branch", branch, head)] + [
+        hints.git(repo, "config", key, value) for key, value in recorded.items() if value])  # fmt: skip
     log(f"deleted branch {branch} (`{back}` brings it back)" if delete_branch
         else f"branch {branch} is kept (DELETE=1 deletes it)")  # fmt: skip
     return 0
@@ -107,10 +119,11 @@ def register(subparsers) -> None:
                         ("remove", "take the series out of a checkout")):  # fmt: skip
         p = subparsers.add_parser(name, help=help_)
         p.add_argument("--vllm", type=hints.user_path, help="checkout (default: work/vllm)")
+        p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
     p.add_argument("--delete-branch", action="store_true", help="also delete the series branch")
-    p.set_defaults(func=lambda a: remove(checkout(a), a.delete_branch))
-    p = subparsers.choices["status"]
-    p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
-    p.set_defaults(
-        func=lambda a: status(checkout(a), Path(a.patches_dir or manifest_mod.PATCH_DIR))
-    )
+    p.set_defaults(func=lambda a: remove(checkout(a), a.delete_branch, patch_dir=_series(a)))
+    subparsers.choices["status"].set_defaults(func=lambda a: status(checkout(a), _series(a)))
+
+
+def _series(args: argparse.Namespace) -> Path:
+    return Path(args.patches_dir or manifest_mod.PATCH_DIR)

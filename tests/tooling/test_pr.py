@@ -297,3 +297,18 @@ def test_where_git_would_refuse_to_commit_the_tool_refuses_first(
     assert "git has no identity of yours to commit with" in str(e.value)
     assert 'git config --global user.name "Your Name"' in str(e.value)
     assert snapshot(repo) == before
+
+
+def test_an_existing_pr_branch_is_moved_aside_as_printed_never_deleted(grouped):
+    import subprocess
+
+    repo, manifest, patch_dir = grouped
+    mine = repo.git("rev-parse", "work")
+    repo.git("branch", "pr/first", mine)
+    with pytest.raises(SeriesError) as e:
+        pr.make_pr(repo.path, manifest, "first", patch_dir, log=lambda *_: None)
+    first = str(e.value).split("(`", 1)[1].split("`", 1)[0]
+    assert "branch -m" in first and "would delete its commits" in str(e.value)
+    subprocess.run(first, shell=True, check=True, capture_output=True)
+    assert repo.git("rev-parse", "pr/first-old") == mine
+    pr.make_pr(repo.path, manifest, "first", patch_dir, log=lambda *_: None)

@@ -60,19 +60,62 @@ def test_remove_goes_back_to_where_apply_started_and_keeps_the_branch(toy_series
     assert _tracked(repo) == before
     assert repo.git("rev-parse", f"refs/heads/{manifest.branch_name}") == tip
     assert "series: none" in _status(repo, patch_dir)
-    # and apply again finds its branch in the way, as documented
-    with pytest.raises(SeriesError, match="already exists"):
-        _apply(repo, manifest, patch_dir)
+    # and apply again switches to the kept branch, which holds the series
+    _apply(repo, manifest, patch_dir)
+    assert repo.git("symbolic-ref", "HEAD") == f"refs/heads/{manifest.branch_name}"
+    assert repo.head() == tip and "all 2 patches applied" in _status(repo, patch_dir)
 
 
 def test_remove_with_delete_drops_branch_and_its_config(toy_series):
     repo, manifest, patch_dir = toy_series
     before = snapshot(repo)
     _apply(repo, manifest, patch_dir)
-    status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None)
+    status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None, patch_dir=patch_dir)
     after = snapshot(repo)
     del before["raw"], after["raw"]  # the index's stat data is new
     assert after == before
+
+
+def test_remove_delete_refuses_a_branch_holding_a_commit_of_the_users(toy_series):
+    """DELETE=1 never deletes the user's commit: refused, nothing changed; without
+    DELETE=1 the branch is kept, and the printed command brings a deleted series
+    branch back with its config, so status and remove know it again."""
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    mine = repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as e:
+        status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None, patch_dir=patch_dir)
+    assert "holds 1 commit(s) of no series version" in str(e.value)
+    assert f"{mine[:12]} my own work" in str(e.value)
+    assert snapshot(repo) == before
+    repo.git("reset", "-q", "--hard", "HEAD~1")
+    tip = repo.head()
+    lines = []
+    status_mod.remove(repo.path, delete_branch=True, log=lines.append, patch_dir=patch_dir)
+    back = lines[-1].split("(`", 1)[1].rsplit("`", 1)[0]
+    subprocess.run(back, shell=True, check=True, capture_output=True)
+    repo.git("checkout", "-q", manifest.branch_name)
+    assert repo.head() == tip
+    assert "recorded by apply" in _status(repo, patch_dir)
+    status_mod.remove(repo.path, log=lambda *_: None, patch_dir=patch_dir)
+
+
+def test_apply_refuses_a_kept_branch_holding_more_than_the_series(toy_series):
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
+    status_mod.remove(repo.path, log=lambda *_: None, patch_dir=patch_dir)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as e:
+        _apply(repo, manifest, patch_dir)
+    assert "holds 1 commit(s) of no series version" in str(e.value)
+    move = str(e.value).split("keeping its commits (`", 1)[1].split("`", 1)[0]
+    assert "branch -m" in move and "branch -D" not in move
+    assert snapshot(repo) == before
+    subprocess.run(move, shell=True, check=True, capture_output=True)
+    _apply(repo, manifest, patch_dir)
+    assert "all 2 patches applied" in _status(repo, patch_dir)
 
 
 def test_remove_refuses_a_branch_apply_did_not_make_unchanged(toy_series):
