@@ -92,10 +92,8 @@ def _apply(
         raise SeriesError(
             "the patch files disagree with the manifest; not applying them:\n  "
             + "\n  ".join(problems)
-            + f"\nRestore them (`{hints.git(patch_dir, 'checkout', '--', '.')}`).  To change a"
-            " patch, change its commit on the series branch of an applied checkout instead,"
-            f" then write the series back with `{hints.make('export')}` and run"
-            f' `{hints.make("test")}` (README: "Changing a patch")'
+            + f"\n{hints.fix_series(patch_dir)}.  A patch is changed as a commit of the series"
+            ' branch of an applied checkout, then exported (README: "Changing a patch")'
         )
     repo = g.checkout_top(repo)  # a folder inside a bigger repository is refused
     refuse_unsafe_state(repo)

@@ -211,8 +211,8 @@ def _refuse_uncommitted_patches(patch_dir: Path) -> None:
         raise SeriesError(
             f"{patch_dir} has uncommitted changes that export would overwrite:\n  "
             + "\n  ".join(status.splitlines()[:10])
-            + f"\ncommit or discard them (`{hints.git(patch_dir, 'checkout', '--', '.')}`) and"
-            " run again"
+            + f"\ncommit them, or set them aside (`{hints.git(patch_dir, 'stash', 'push', '--', '.')}`"
+            " keeps them in the stash), and run again"
         )
 
 

@@ -49,16 +49,18 @@ def no_checkout(path: Path) -> str:
 
 def fix_series(patch_dir: Path) -> str:
     """What to do about patch files that disagree with their manifest, for
-    ``patch_dir`` itself: its own restore and export commands (never the
-    project's ``patches/`` for another folder)."""
+    ``patch_dir`` itself: its own commands (never the project's ``patches/``
+    for another folder); the edits are stashed, not discarded, and only where
+    git tracks them."""
     from . import git as g
     from .manifest import PATCH_DIR
 
     default = Path(patch_dir).resolve() == PATCH_DIR.resolve()
     patches = None if default else str(patch_dir)
     where = f"`{make('check-manifest', PATCHES=patches)}` shows the differences; "
-    if g.is_repo(Path(patch_dir)):
-        where += f"restore the patch files (`{git(patch_dir, 'checkout', '--', '.')}`), or, "
+    if g.is_repo(Path(patch_dir)) and g.out(Path(patch_dir), "ls-files", "--", "series.json"):
+        where += (f"set the edits aside (`{git(patch_dir, 'stash', 'push', '--', '.')}` keeps"
+                  " them in the stash), or, ")  # fmt: skip
     return (
         where + "if the change is intended, export the branch it comes from again"
         f" (`{make('export', PATCHES=patches)}`)"
