@@ -402,7 +402,12 @@ def fetch_advice(repo: Path, pinned: manifest_mod.Base) -> str:
     """How to supply the pinned base: the fetch command, and the BASE= alternative."""
     url = UPSTREAM_REPOSITORIES.get(pinned.project)
     where = f"{pinned.project} v{pinned.version} (upstream commit {pinned.upstream_commit})"
-    if url:
+    if g.out(repo, "rev-parse", "--is-shallow-repository") == "true":
+        how = (
+            f"{repo} is a shallow clone: its history stops before the base. Fetch the rest"
+            f" of it, then run again:\n    {hints.git(repo, 'fetch', '--unshallow')}\n"
+        )
+    elif url:
         how = (
             f"Fetch {where} into the checkout, then run again (BASE then defaults to it):\n"
             f"    git -C {shlex.quote(str(repo))} fetch --no-tags {url} tag v{pinned.version}\n"
@@ -411,7 +416,7 @@ def fetch_advice(repo: Path, pinned: manifest_mod.Base) -> str:
         how = f"Fetch {where} into the checkout, then run again.\n"
     return how + (
         f"Or name the commit of this checkout that is {pinned.project} {pinned.version}"
-        " with BASE= (--base)."
+        " with BASE=."
     )
 
 

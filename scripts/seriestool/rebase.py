@@ -812,7 +812,8 @@ def _clear_stale_session(log: Log) -> None:
     sess = Session.load()
     if sess is None:
         return
-    if sess.phase in ("running", "swapping") and journal.pid_alive(sess.pid):
+    # "applied" too: its process goes on with the tests and the write.
+    if sess.phase in ("running", "applied", "swapping") and journal.pid_alive(sess.pid):
         raise SeriesError(
             f"a rebase to {sess.to} is running (pid {sess.pid}); wait for it. If no such"
             f" process exists, delete {state_path()} and run again"

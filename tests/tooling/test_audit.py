@@ -792,3 +792,20 @@ def test_fork_lacking_the_pinned_base_is_told_what_is_missing_and_how_to_supply_
     assert "vllm/config.py" in err and "lacks" in err
     assert "lacks necessary blobs" not in err  # git's words, not an explanation
     assert "fetch" in err and "BASE=" in err
+
+
+def test_a_depth_1_clone_is_told_to_unshallow_and_that_works(series, tmp_path, capsys):
+    for message, files in SERIES:
+        series.repo.commit(message, files)
+    clone = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{series.repo.path}",
+                    str(clone)], check=True)  # fmt: skip
+    args = ["check", "--vllm", str(clone), "--consolidated", "HEAD",
+            "--patches-dir", str(series.patch_dir), "--manifest", str(series.manifest)]  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    command = f"git -C {clone} fetch --unshallow"
+    assert "is a shallow clone" in err and command in err and "--base" not in err
+    subprocess.run(command, shell=True, check=True, capture_output=True)
+    assert cli.main(args) == 0, capsys.readouterr()

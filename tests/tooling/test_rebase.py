@@ -1273,3 +1273,26 @@ def test_kept_branch_never_lands_in_an_enclosing_repository(sdist_series, work_d
     assert "could not be kept" in "\n".join(lines)
     assert outer.git("for-each-ref") == ""
     assert not (work_dir / ".git" / "objects" / "info" / "alternates").exists()
+
+
+def test_a_second_rebase_while_the_first_runs_its_tests_says_it_is_running(work_dir):
+    """Past its patches (phase "applied") the first rebase's process still runs
+    the tests: a second one is told to wait, and nothing of the first changes."""
+    with subprocess.Popen(["sleep", "60"]) as first:
+        try:
+            sess = rebase_mod.Session(
+                to="0.32.0", slug="0.32.0", kind="version", keep=True, skip_tests=False,
+                phase="applied", pid=first.pid, work=str(work_dir / "rebase" / "0.32.0"),
+                scratch="", checkout="", branch="b", patch_dir="", command="",
+                user_checkout="", vllm="", pip_args=[], patches=[],
+            )  # fmt: skip
+            rebase_mod.state_path().parent.mkdir(parents=True)
+            sess.save()
+            before = rebase_mod.state_path().read_bytes()
+            with pytest.raises(SeriesError) as e:
+                rebase_mod._clear_stale_session(lambda *_: None)
+            assert f"a rebase to 0.32.0 is running (pid {first.pid}); wait for it" in str(e.value)
+            assert "a later step failed" not in str(e.value)
+            assert rebase_mod.state_path().read_bytes() == before
+        finally:
+            first.kill()
