@@ -205,6 +205,7 @@ def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journ
         # ignored files rather than deleting them.  It trusts the index's
         # file stats, which a copied checkout no longer matches: refresh them.
         g.git(repo, "update-index", "-q", "--refresh", check=False)
+        _try_filters(repo, [start, tip], list(scope.paths))
         g.git(repo, "read-tree", "-m", "-u", start, tip)
         if head_to.startswith("refs/"):
             g.git(repo, "symbolic-ref", "-m", f"seriestool {op}", "HEAD", head_to)
@@ -220,6 +221,19 @@ def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journ
         raise
     if not keep:
         tx.commit()
+
+
+def _try_filters(repo: Path, commits: list[str], paths: list[str]) -> None:
+    """Run the smudge filters the checkout's attributes name for ``paths`` on
+    their blobs in ``commits`` first: one that fails (a required filter whose
+    program is missing) would stop the switch half-way, and its undo too."""
+    attrs = g.out(repo, "check-attr", "-z", "filter", "--", *paths).split("\0") if paths else []
+    named = [attrs[i] for i in range(0, len(attrs) - 2, 3)
+             if attrs[i + 2] not in ("unspecified", "unset", "set")]  # fmt: skip
+    for commit in commits if named else []:
+        entries = g.tree_entries(repo, commit, named)
+        g.git(repo, "cat-file", "--batch", "--filters", text=False,
+              input="".join(f"{oid} {path}\n" for path, (_mode, oid) in entries.items()))  # fmt: skip
 
 
 def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Sequence
@@ -126,6 +127,11 @@ def git(
             stderr = f"{stderr} killed by {signal.Signals(-proc.returncode).name}".strip()
             if proc.returncode == -signal.SIGXFSZ:
                 stderr += ": a file reached the file-size limit (`ulimit -f`); raise it"
+        if found := re.search(r"(smudge|clean) filter (\S+) failed", stderr):
+            stderr = (f"the {found[1]} filter {found[2]!r} that the checkout's .gitattributes"
+                      f" name and its config requires (filter.{found[2]}.required) failed:"
+                      f" {stderr.splitlines()[0]}; install the program its filter.{found[2]}."
+                      f"{found[1]} runs (for lfs: git-lfs) and run again")  # fmt: skip
         raise SeriesError(f"git {' '.join(args[:3])} failed in {repo}: {stderr}")
     return proc
 

@@ -302,3 +302,20 @@ def test_a_relative_vllm_path_that_does_not_exist_is_named_absolute(
     assert main([command, "--vllm", "src/vllm", *extra]) != 0
     err = capsys.readouterr().err
     assert f"src/vllm (that is {tmp_path / 'src' / 'vllm'}) does not exist" in err, err
+
+
+def test_a_required_filter_that_is_missing_is_named_with_the_fix(toy_series):
+    from conftest import snapshot
+    from seriestool.errors import SeriesError
+
+    repo, manifest, patch_dir = toy_series
+    repo.commit("attributes", {".gitattributes": "pkg/loader.py filter=fake\n"})
+    repo.git("config", "filter.fake.required", "true")
+    repo.git("config", "filter.fake.smudge", "no-such-filter-program smudge")
+    repo.git("config", "filter.fake.clean", "cat")
+    before = snapshot(repo)
+    with pytest.raises(SeriesError) as e:
+        apply_mod.apply_series(repo.path, manifest, patch_dir, log=lambda *_: None)
+    assert "the smudge filter 'fake' that the checkout's .gitattributes name" in str(e.value)
+    assert "install the program its filter.fake.smudge runs" in str(e.value)
+    assert snapshot(repo) == before
