@@ -586,6 +586,10 @@ def _bases_line(old: Side, new: Side) -> str:
 def run(args: argparse.Namespace) -> int:
     """The ``compare`` command: print the report; 0, or 2 when it could not run."""
     try:
+        if not args.from_spec:
+            repo = args.repo or manifest_mod.ROOT
+            raise SeriesError(f"FROM= names the older side, e.g. `{hints.make('compare', FROM='1')}`"
+                              f"; {versions.what_exists(repo)}")  # fmt: skip
         with interrupts.deferred():
             comparison = compare(args.repo or manifest_mod.ROOT, args.from_spec, args.to_spec,
                                  args.vllm)  # fmt: skip
@@ -609,7 +613,7 @@ def register(subparsers) -> None:
         " their git range-diff, classify every patch and draft the 'Changes in vN' section of"
         " SERIES.md. Exit 0; 2 when it could not run.",
     )  # fmt: skip
-    p.add_argument("--from", dest="from_spec", required=True, metavar="VERSION|COMMIT",
+    p.add_argument("--from", dest="from_spec", metavar="VERSION|COMMIT",
                    help="the older side: a series version (newest commit whose"
                    " patches/series.json records it) or a commit-ish")  # fmt: skip
     p.add_argument("--to", dest="to_spec", metavar="VERSION|COMMIT",

@@ -52,9 +52,10 @@ def make_pr(
         groups = {group.name: group for group in manifest.groups}
         if name not in groups or not groups[name].upstream:
             why = "is fork-only: not meant to go upstream" if name in groups else "is no group"
+            why = f"{name!r} {why}" if name else "GROUP= names the group to propose"
             listing = [f"  {x.name} ({'upstream' if x.upstream else 'fork-only'}): {x.why}"
                        for x in manifest.groups]  # fmt: skip
-            raise SeriesError(f"{name!r} {why}; the groups:\n" + "\n".join(listing))
+            raise SeriesError(f"{why}; the groups:\n" + "\n".join(listing))
         journal.refuse_leftover(repo)
         branch = f"pr/{name}"
         if g.rev(repo, f"refs/heads/{branch}"):
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pr", help="one pull-request group as a branch, with its description")
-    p.add_argument("--group", required=True, help="the group's name (patches/series.json)")
+    p.add_argument("--group", default="", help="the group's name (patches/series.json)")
     p.add_argument(
         "--vllm", type=hints.user_path, help="vLLM checkout (default: work/vllm from make apply)"
     )

@@ -98,17 +98,17 @@ def resolve(repo: Path, spec: str | None) -> SeriesVersion:
             if match
             else f"{spec!r} is neither a series version nor a commit of {repo}"
         )
-        raise SeriesError(f"{what}; {_what_exists(repo)}")
+        raise SeriesError(f"{what}; {what_exists(repo)}")
     version = _recorded_version(repo, commit)
     if version is None:
         raise SeriesError(
             f"commit {commit[:12]} ({spec}) has no readable {PATCH_DIR}/{MANIFEST}"
-            f" with a series version; {_what_exists(repo)}"
+            f" with a series version; {what_exists(repo)}"
         )
     return SeriesVersion(spec=spec, version=version, commit=commit)
 
 
-def _what_exists(repo: Path) -> str:
+def what_exists(repo: Path) -> str:
     found = known_versions(repo)
     if not found:
         return f"no commit of its history has a {PATCH_DIR}/{MANIFEST} with a series version"

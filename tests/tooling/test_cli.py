@@ -53,3 +53,19 @@ def test_ctrl_c_while_importing_ends_with_one_line_and_130():
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr == "error: interrupted by SIGINT\n"
     assert proc.returncode == 130
+
+
+def test_a_missing_variable_is_named_as_the_user_types_it(make_repo, capsys):
+    """`make pr` without GROUP=, `make compare` without FROM=: the variable and
+    what it takes (the groups, the versions), never an option of the tool."""
+    from seriestool.cli import main
+
+    repo = make_repo("vllm")
+    assert main(["pr", "--vllm", str(repo.path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: GROUP= names the group to propose; the groups:\n  ")
+    assert "''" not in err and "--group" not in err
+    assert main(["compare"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: FROM= names the older side, e.g. `make -C ")
+    assert "versions in its history, newest first: " in err and "--from" not in err
