@@ -2,7 +2,7 @@
 
 Per patch: **identical** (a commit of ``BASE..CONSOLIDATED`` has its verbatim
 stable patch ID), **combined** (consecutive patches squashed into one commit),
-**changed** (paired as ``git range-diff`` pairs them, on both histories
+**split** (one patch split into consecutive commits), **changed** (paired as ``git range-diff`` pairs them, on both histories
 projected onto the series' paths by git-filter-repo) or **missing**; commits
 touching series-owned files without a counterpart are **extra**; and the end
 state of every series-owned file is compared with the series' result.  All of
@@ -40,6 +40,9 @@ EXIT_REFUSED = 2
 
 IDENTICAL = "identical"
 COMBINED = "combined"
+SPLIT = "split"
+# The most consecutive commits a split patch is looked for in.
+SPLIT_MAX = 4
 CHANGED = "changed"
 MISSING = "missing"
 # Statuses that fail the audit unless accepted.
@@ -258,6 +261,7 @@ def _classify(
             del unclaimed[candidates[0]]
 
     _find_combined(scratch, base, series_commits, results, unclaimed, pathspecs)
+    _find_split(scratch, base, cons_order, results, unclaimed, pathspecs)
 
     pending = [r for r in results if r.status == MISSING]
     if pending and unclaimed:
@@ -323,6 +327,38 @@ def _find_combined(
         for r in members:
             r.status, r.commits = COMBINED, [commit]
             r.note = "squashed with " + ", ".join(n for n in names if not r.file.startswith(n))
+
+
+def _find_split(
+    scratch: Path,
+    base: str,
+    cons_order: list[str],
+    results: list[PatchResult],
+    unclaimed: dict[str, str],
+    pathspecs: list[str],
+) -> None:
+    """Mark a still unmatched patch split into consecutive unclaimed commits (2
+    to ``SPLIT_MAX``): a synthetic commit of the last one's tree on the first
+    one's parent carries their combined diff on the series' paths, whose patch
+    ID the patch may have."""
+    wanted = {r.patch_id: r for r in results if r.status == MISSING and r.patch_id}
+    spans = [(i, j) for i in range(len(cons_order)) for j in range(i + 1, i + SPLIT_MAX)
+             if j < len(cons_order) and all(c in unclaimed for c in cons_order[i : j + 1])]  # fmt: skip
+    if not wanted or not spans:
+        return
+    synthetic = {
+        g.out(scratch, "commit-tree", f"{cons_order[j]}^{{tree}}", "-p", f"{cons_order[i]}^",
+              "-m", "split", env=base_mod.BASE_IDENTITY): (i, j)
+        for i, j in spans
+    }  # fmt: skip
+    for commit, pid in patchset.patch_ids_of_commits(scratch, list(synthetic), pathspecs).items():
+        i, j = synthetic[commit]
+        result, parts = wanted.get(pid), cons_order[i : j + 1]
+        if result and result.status == MISSING and all(c in unclaimed for c in parts):
+            for c in parts:
+                del unclaimed[c]
+            result.status, result.commits = SPLIT, parts
+            result.note = f"split into {len(parts)} consecutive commits"
 
 
 def _pair_with_range_diff(

@@ -436,6 +436,20 @@ def test_whole_series_squashed_into_one_commit(series, capsys):
     assert all(p["commits"] == [c] for p in report["patches"])
 
 
+def test_a_patch_split_into_two_commits_is_split(series, capsys):
+    """0001 split in two (the loader, then its test): "split", not changed + extra."""
+    loader, test = ({"vllm/loader.py": LOADER_1}, {"tests/test_loader.py": TEST_LOADER})
+    c1a, c1b, c2, c3 = series.consolidate(
+        [("Loader", loader), ("Loader test", test), PATCH_2, PATCH_3]
+    )
+    rc, report = series.check(capsys, "--consolidated", "cons")
+    assert rc == 0, report
+    assert statuses(report) == ["split", "identical", "identical"]
+    assert report["patches"][0]["commits"] == [c1a, c1b]
+    assert report["patches"][0]["note"] == "split into 2 consecutive commits"
+    assert report["extra"] == [] and report["end_state"]["equal"] is True
+
+
 # ---------------------------------------------------------------- missing / extra
 
 
