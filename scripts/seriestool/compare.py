@@ -253,6 +253,11 @@ def _compare_in(
     text = _range_diff(scratch, old, new)
     changes = _pair(scratch, old, new, text)
     notes = _pair_recorded(scratch, old, new, changes)
+    # "previous" names the patches of the version just before the newer one:
+    # against an older one, a subject it names that is gone is no mistake.
+    known = list(versions.known_versions(repo))
+    before = known[known.index(new.state.version) + 1 :] if new.state.version in known else known
+    notes = notes if not before or before[0] == old.state.version else []
     _mark_moved(changes)
     for change in changes:
         if change.status == "!":

@@ -1,10 +1,13 @@
-"""``smoke``: the series applied once (``work/smoke``), then, per patch, the first
-test collected from the test files it adds (else changes): on CPU, in about a
-minute.  Derived from the patches, it follows renames and reordering."""
+"""``smoke``: the series applied once (``work/smoke``), then, per patch, one test
+of its own: the first collected test function the patch adds (else the first
+from the test files it adds, else changes) that no earlier patch took; on
+CPU, in about a minute.  Derived from the patches, it follows renames and
+reordering; a patch with no test of its own says whose it shares."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 
@@ -29,19 +32,37 @@ def smoke(manifest: manifest_mod.Manifest, patch_dir=manifest_mod.PATCH_DIR) -> 
                *sorted({f for fs in files for f in fs})]  # fmt: skip
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(checkout))
     listing = interrupts.run(collect, cwd=checkout, env=env, capture_output=True, text=True)
-    first: dict[str, str] = {}
+    nodes: dict[str, list[str]] = {}
     for line in listing.stdout.splitlines():
-        first.setdefault(line.split("::", 1)[0], line.strip())
-    chosen = [next((first[f] for f in fs if f in first), None) for fs in files]
-    rows = [
-        (p.name[:48], node or "no test collected") for p, node in zip(patches, chosen, strict=True)
-    ]
+        if "::" in line:
+            nodes.setdefault(line.split("::", 1)[0], []).append(line.strip())
+    chosen = pick(patches, files, nodes)
+    rows = []
+    for n, (patch, node) in enumerate(zip(patches, chosen, strict=True)):
+        shared = next((p.name[:4] for p, c in zip(patches[:n], chosen) if c == node), None)
+        why = f" (shared with {shared}: the patch adds no test of its own)" if shared else ""
+        rows.append((patch.name[:48], (node or "no test collected") + why))
     print(table(("patch", "smoke test"), rows))
     if None in chosen:
         print(listing.stdout + listing.stderr)
         return 1
     rc, summary, _failed = seriestest.run_pytest(checkout, sorted(set(chosen)), {})
     return rc
+
+
+def pick(patches, files: list[list[str]], nodes: dict[str, list[str]]) -> list[str | None]:
+    """Per patch, its smoke test among the ``nodes`` collected from its test
+    ``files``: one it adds (``+def test_...``) before any other, one no
+    earlier patch took before one that is shared."""
+    chosen: list[str | None] = []
+    for patch, fs in zip(patches, files, strict=True):
+        added = set(re.findall(r"^\+\s*(?:async\s+)?def (test_\w+)",
+                               patch.read_text(errors="replace"), re.M))  # fmt: skip
+        pool = [n for f in fs for n in nodes.get(f, [])]
+        fresh = [n for n in pool if n not in chosen]
+        own = [n for n in fresh if n.rsplit("::", 1)[-1].split("[")[0] in added]
+        chosen.append((own or fresh or pool or [None])[0])
+    return chosen
 
 
 def register(subparsers) -> None:

@@ -450,6 +450,19 @@ def test_a_recorded_ancestor_that_names_no_old_patch_is_a_note(project, capsys):
     ]
 
 
+def test_against_an_older_version_previous_names_the_one_between_and_warns_of_nothing(
+    project, capsys
+):
+    """FROM=1 with v3 recording v2's subjects: no note on entries that are right."""
+    project.commit([BORROWED, RING, OWNED], "2", "Series v2",
+                   previous={RING_SUBJECT: [STAGING_V1]})  # fmt: skip
+    project.commit([BORROWED, RING], "3", "Series v3", previous={RING_SUBJECT: [RING_SUBJECT]})
+    rc, out, _err = project.compare(capsys, "--from", "1", "--to", "3", "--json")
+    assert rc == 0 and json.loads(out)["notes"] == []
+    rc, out, _err = project.compare(capsys, "--from", "2", "--to", "3", "--json")
+    assert rc == 0 and json.loads(out)["notes"] == []
+
+
 @pytest.mark.parametrize(
     "previous, expected",
     [

@@ -103,3 +103,22 @@ def test_message_cut_by_git_am_fails_the_round_trip(toy_base, capsys):
     out = capsys.readouterr().out
     assert "apply/export round trip: DIFFERS" in out
     assert f"not reproduced by export: {manifest.patches[0].file}" in out
+
+
+def test_smoke_picks_each_patch_a_test_of_its_own(tmp_path):
+    """A patch that adds a test to a file an earlier patch added gets that test,
+    not the earlier patch's; one adding none shares, and says so."""
+    from seriestool import smoke
+
+    patches = []
+    for name, added in (("0001-a.patch", "test_first"), ("0002-b.patch", "test_second"),
+                        ("0003-c.patch", None)):  # fmt: skip
+        patch = tmp_path / name
+        patch.write_text("+++ b/tests/test_x.py\n" + (f"+def {added}():\n" if added else " x\n"))
+        patches.append(patch)
+    nodes = {"tests/test_x.py": ["tests/test_x.py::test_first", "tests/test_x.py::test_second"]}
+    files = [["tests/test_x.py"]] * 3
+    assert smoke.pick(patches, files, nodes) == [
+        "tests/test_x.py::test_first", "tests/test_x.py::test_second",
+        "tests/test_x.py::test_first",
+    ]  # fmt: skip
