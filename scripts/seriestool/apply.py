@@ -15,7 +15,6 @@ overwrites an untracked or ignored file.
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 
 from . import base as base_mod
@@ -262,16 +261,16 @@ def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
             f"The series applies to the base commit {b.commit} (`base.commit` in"
             f" {_manifest_name(patch_dir)}), materialised from the sdist {b.sdist.filename}"
             " by `make base` (cached, under work/; `make apply` without VLLM= uses a clone"
-            " of it).  Check it out here with\n    "
+            " of it).  Check it out here with\n    " + hints.make("base") + " && "
             + hints.git(repo, "fetch", str(base_mod.base_repo_path(b.project, b.version)), b.commit)
-            + " && " + hints.git(repo, "checkout", b.commit) + "\n(after `make base`)"
+            + " && " + hints.git(repo, "checkout", b.commit)
         )  # fmt: skip
     # A commit has no sdist to pin: the project's patches/ stays as it is and
     # the rebased series goes into a copy (rebase refuses otherwise).
-    copy = _patches_arg(patch_dir) or "/tmp/series-copy"
-    rebase = hints.make("rebase", TO=head[:12], VLLM=str(repo), PATCHES=copy)
-    if copy != _patches_arg(patch_dir):
-        rebase = f"cp -r {shlex.quote(f'{patch_dir}/.')} {copy} && {rebase}"
+    to = {"TO": head[:12], "VLLM": str(repo)}
+    copy = _patches_arg(patch_dir)
+    rebase = hints.make("rebase", **to, PATCHES=copy) if copy else hints.rebase_into_copy(
+        patch_dir, **to)  # fmt: skip
     return (
         f"{repo} is not at the pinned base {b.project} {b.version} (upstream"
         f" {b.upstream_commit}):\n  " + "\n  ".join(differ) + f"\n{way}\nor carry the series"

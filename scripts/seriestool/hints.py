@@ -25,6 +25,13 @@ REBASE_OPEN = (f"finish it with\n    {make('rebase', CONTINUE='1')}\nor undo it 
                f"    {make('rebase', ABORT='1')}")  # fmt: skip
 
 
+def rebase_into_copy(patch_dir: Path, **variables: str) -> str:
+    """``make rebase`` writing into a fresh copy of ``patch_dir`` (a new folder
+    each time: copying into an older copy would merge the two)."""
+    return (f'copy=$(mktemp -d) && cp -r {shlex.quote(f"{patch_dir}/.")} "$copy" && '
+            f'{make("rebase", **variables)} PATCHES="$copy"')  # fmt: skip
+
+
 def git(repo: Path | str, *args: str) -> str:
     """``git -C <repo> args...``."""
     return " ".join(["git", "-C", shlex.quote(str(repo)), *(shlex.quote(a) for a in args)])

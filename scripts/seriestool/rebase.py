@@ -368,8 +368,7 @@ def start(
                 " `make apply` cannot rebuild, so nothing was changed. Rebase onto a"
                 f" release instead (`{hints.make('rebase', TO='<version>')}`, e.g. the"
                 " release the commit is on), or write the rebased series into a copy:\n"
-                f"    cp -r {shlex.quote(f'{patch_dir}/.')} /tmp/series-copy &&"
-                f" {hints.make('rebase', TO=to, VLLM=str(user), PATCHES='/tmp/series-copy')}"
+                f"    {hints.rebase_into_copy(patch_dir, TO=to, VLLM=str(user))}"
             )
     elif version is not None:
         kind = "version"

@@ -319,3 +319,29 @@ def test_a_required_filter_that_is_missing_is_named_with_the_fix(toy_series):
     assert "the smudge filter 'fake' that the checkout's .gitattributes name" in str(e.value)
     assert "install the program its filter.fake.smudge runs" in str(e.value)
     assert snapshot(repo) == before
+
+
+def test_not_at_base_recipes_run_as_printed_each_into_a_fresh_copy(make_repo):
+    """The project's series on a checkout that is not at its base: the way to
+    the base is one chain (`make base` first), and the rebase recipe copies
+    the series into a new folder each time it is pasted."""
+    import subprocess
+
+    from seriestool import manifest as manifest_mod
+
+    repo = make_repo("fork", {"README": "a fork\n"})
+    manifest = manifest_mod.load()
+    with pytest.raises(SeriesError) as err:
+        apply_mod.apply_series(repo.path, manifest, manifest_mod.PATCH_DIR, log=lambda *_: None)
+    message = str(err.value)
+    assert "(after `make base`)" not in message
+    assert f"make -C {manifest_mod.ROOT} base && git -C {repo.path} fetch" in message
+    recipe = message.rsplit("\n", 1)[1].strip()
+    assert f" rebase TO={repo.head()[:12]} VLLM={repo.path} PATCHES=\"$copy\"" in recipe
+    copy = recipe.split(" && make ", 1)[0] + ' && echo "$copy"'
+    made = [subprocess.run(copy, shell=True, check=True, capture_output=True, text=True)
+            .stdout.strip() for _ in range(2)]  # fmt: skip
+    assert made[0] != made[1]
+    for folder in made:
+        assert sorted(os.listdir(folder)) == sorted(os.listdir(manifest_mod.PATCH_DIR))
+        subprocess.run(["rm", "-r", folder], check=True)
