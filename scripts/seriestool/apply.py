@@ -116,6 +116,10 @@ def _apply(
             f"{repo} holds only part of the series: its files are the series' state after"
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
+    # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
+    branch = manifest.branch_name
+    if differ and g.rev(repo, f"refs/heads/{branch}"):
+        raise SeriesError(_in_the_way(repo, branch, "HEAD does not carry the series"))
     if differ:
         held = versions.held_in(repo, head, patch_dir)
         if held:
@@ -132,7 +136,6 @@ def _apply(
             + "\nmove them out of the way and run again"
         )
 
-    branch = manifest.branch_name
     start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
     if kept := g.rev(repo, f"refs/heads/{branch}"):
         return _switch_to_kept(repo, branch, head, kept, start_from, states[-1], paths, created,
@@ -169,12 +172,7 @@ def _switch_to_kept(repo, branch, head, kept, start_from, result, paths, created
         repo, kept, paths) != result:  # fmt: skip
         what = (f"{len(mine)} commit(s) of no series version this repository knows"
                 if mine else "not this series on HEAD's commit")  # fmt: skip
-        raise SeriesError(
-            f"branch {branch} already exists in {repo} and holds {what}; nothing was changed."
-            f"  Check it out (`{hints.git(repo, 'checkout', branch)}`), or move it aside,"
-            f" keeping its commits (`{hints.git(repo, 'branch', '-m', branch, branch + '-old')}`),"
-            " and run again (`git branch -D` would delete its commits)"
-        )
+        raise SeriesError(_in_the_way(repo, branch, f"it holds {what}"))
     key = f"branch.{branch}.{SERIES_FROM_KEY}"
     scope = journal.Scope(paths={p: [result[p]] if result[p] else [] for p in paths},
                           refs={f"refs/heads/{branch}": [kept]}, config={key: start_from})  # fmt: skip
@@ -183,6 +181,15 @@ def _switch_to_kept(repo, branch, head, kept, start_from, result, paths, created
     guard.completed()
     log(f"switched {repo} to branch {branch}, which holds the series on this commit already")
     return 0
+
+
+def _in_the_way(repo: Path, branch: str, why: str) -> str:
+    return (
+        f"branch {branch} already exists in {repo} but {why}; nothing was changed.  Check"
+        f" it out (`{hints.git(repo, 'checkout', branch)}`), or move it aside, keeping its"
+        f" commits (`{hints.git(repo, 'branch', '-m', branch, branch + '-old')}`), and run"
+        " again (`git branch -D` would delete its commits)"
+    )
 
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,

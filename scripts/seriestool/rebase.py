@@ -45,7 +45,7 @@ from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
-from .apply import default_checkout, refuse_unsafe_state, switch
+from .apply import SERIES_BASE_KEY, default_checkout, refuse_unsafe_state, switch
 from .audit import UPSTREAM_REPOSITORIES
 from .errors import SeriesError
 from .report import table
@@ -1106,6 +1106,8 @@ def _keep_branch(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> No
         branch = _free_branch(checkout, manifest.branch_name)
         g.git(checkout, "fetch", "-q", "--no-tags", "--no-write-fetch-head", sess.scratch,
               f"{NEW_REF}:refs/heads/{branch}")  # fmt: skip
+        # As apply records it: status, remove and export know the branch.
+        g.git(checkout, "config", f"branch.{branch}.{SERIES_BASE_KEY}", sess.new_base)
         if fresh:
             g.git(checkout, "checkout", "-q", branch)
     except SeriesError as e:

@@ -1155,6 +1155,14 @@ def test_sdist_rebase_keeps_the_branch_where_make_apply_finds_it(sdist_series, w
     lines.clear()
     assert apply_mod.apply_series(checkout.path, manifest, patch_dir, log=lines.append) == 0
     assert "series already applied" in "\n".join(lines)
+    # status and remove know the kept branch as one apply made, on the new base
+    from seriestool import status as status_mod
+
+    lines.clear()
+    status_mod.status(checkout.path, patch_dir, log=lines.append)
+    assert "(recorded by apply); commits beyond the series" in "\n".join(lines)
+    status_mod.remove(checkout.path, log=lambda *_: None, patch_dir=patch_dir)
+    assert checkout.head() == manifest.base.commit
 
 
 def _one_off_series(make_repo, tmp_path, files: dict[str, str], patches) -> tuple[Repo, Path]:
