@@ -22,6 +22,8 @@ FORCE ?=
 GROUP ?=
 SIGNOFF ?=
 DELETE ?=
+# The pinned base's version, as patches/series.json records it (a rebase changes it).
+BASE_VERSION := $(shell python3 -c 'import json; print(json.load(open("patches/series.json"))["base"]["version"])' 2>/dev/null)
 # Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
 ARGS ?=
 
@@ -36,7 +38,7 @@ no_patches = $(if $(PATCHES),$(error PATCHES= does not apply to `make $@`: $(1))
 
 # The first target: a bare `make` lists the targets (README.md: "Make targets").
 help:
-	@echo "make apply [VLLM=<checkout>]      materialise vLLM v0.33.0 (or use VLLM=) and apply the series"
+	@echo "make apply [VLLM=<checkout>]      materialise vLLM v$(BASE_VERSION) (or use VLLM=) and apply the series"
 	@echo "make status [VLLM=<checkout>]     which series version a checkout carries, on which base"
 	@echo "make remove [VLLM=<checkout>]     take the series out: back to where apply started (DELETE=1: drop its branch)"
 	@echo "make smoke                        one fast test per patch, on CPU (about a minute)"

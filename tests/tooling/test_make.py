@@ -78,3 +78,12 @@ def test_readme_states_what_the_code_does(monkeypatch):
     # `make rebase ABORT=1` skips `make venv` (the Makefile's rebase prerequisite).
     assert "rebase: $(if $(ABORT),,venv)" in (ROOT / "Makefile").read_text()
     assert "`make rebase ABORT=1` skips `make venv`" in readme
+
+
+def test_help_names_the_base_the_manifest_pins():
+    """After a rebase `make help` names the new base: read from the manifest."""
+    version = manifest_mod.load().base.version
+    out = subprocess.run(["make", "-s", "-C", str(ROOT), "help"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert f"materialise vLLM v{version} (or use VLLM=)" in out
+    assert f"v{version}" not in (ROOT / "Makefile").read_text()
