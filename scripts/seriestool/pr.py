@@ -18,6 +18,7 @@ from . import check_manifest, hints, interrupts, journal, patchset, scratch, ser
 from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
+from . import apply as apply_mod
 from .apply import ensure_default_checkout
 from .errors import SeriesError
 
@@ -95,7 +96,19 @@ def make_pr(
     out = base_mod.WORK_DIR / "pr" / f"{name}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    log(f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, ready to push")
+    signed = g.out(repo, "log", "--format=%an <%ae>%x00%(trailers:key=Signed-off-by,valueonly)%x01",
+                   f"{base}..{tip}").split("\x01")  # fmt: skip
+    unsigned = [who for who, _, by in (e.strip("\n").partition("\0") for e in signed if e.strip())
+                if who not in by.splitlines()]  # fmt: skip
+    if unsigned:
+        again = hints.make("pr", GROUP=name, VLLM=None if repo == apply_mod.default_checkout()
+                           else str(repo), SIGNOFF="1")  # fmt: skip
+        log(f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, NOT ready for"
+            f" vLLM's DCO check: {len(unsigned)} of its commits carry no Signed-off-by of their"
+            " author.  Sign them off as yourself (the branch moved aside first):\n    "
+            f"{hints.git(repo, 'branch', '-m', branch, branch + '-unsigned')} && {again}")
+    else:
+        log(f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, ready to push")
     log(f"pull-request description: {out}")
     return out
 

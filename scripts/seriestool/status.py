@@ -34,13 +34,15 @@ def _recorded(repo: Path, branch: str | None, key: str) -> str | None:
 def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> int:
     """Print which series ``repo``'s HEAD carries, on which base, and what is beyond it."""
     repo, branch, head = _open(repo)
+    default = Path(patch_dir).resolve() == manifest_mod.PATCH_DIR.resolve()
+    patches = None if default else str(patch_dir)
     log(f"checkout {repo}: HEAD {'on branch ' + branch if branch else 'detached'} at {head}")
-    held = versions.held_in(repo, head, patch_dir)
+    held, at_base = versions.held_in(repo, head, patch_dir), False
     b = manifest_mod.load(patch_dir / versions.MANIFEST).base
     if held:
         count = "all" if held.held == held.total else f"{held.held} of"
         log(f"series: {held.state.label}, {count} {held.total} patches applied")
-    elif g.blob_ids(repo, head, sorted(b.touched_files)) == b.touched_files:
+    elif at_base := g.blob_ids(repo, head, sorted(b.touched_files)) == b.touched_files:
         log(f"series: none; HEAD has the files of the pinned base, {b.project} {b.version}")
     else:
         log("series: none; HEAD's files are not the pinned base's either")
@@ -50,6 +52,10 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
         log(f"base: {base} (recorded by apply); commits beyond the series on {branch}: {beyond}")
     elif held:
         log("base: not recorded (HEAD is on no branch that `make apply` made)")
+    if not base and not at_base:
+        log("If HEAD carries the series consolidated (squashed, merged, reworded, with commits"
+            " of yours), audit it against the series with\n    "
+            + hints.make("check", CONSOLIDATED=branch or head, VLLM=str(repo), PATCHES=patches))
     return 0
 
 

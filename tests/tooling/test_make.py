@@ -87,3 +87,22 @@ def test_help_names_the_base_the_manifest_pins():
                          text=True, check=True).stdout  # fmt: skip
     assert f"materialise vLLM v{version} (or use VLLM=)" in out
     assert f"v{version}" not in (ROOT / "Makefile").read_text()
+
+
+def test_status_of_a_consolidated_branch_suggests_the_check_and_it_runs(toy_series, make_work_dir):
+    repo, manifest, patch_dir = toy_series
+    repo.git("checkout", "-q", "-b", "fork")
+    repo.commit("the loader series, squashed", {
+        "pkg/loader.py": "def load(x):\n    # first\n    return x + 0\n",
+        "tests/test_first.py": "def test_first():\n    assert True\n",
+        "tests/test_second.py": "def test_second():\n    assert True\n",
+        "pkg/fork.py": "FORK = 1\n",
+    })  # fmt: skip
+    shown = _make("status", f"VLLM={repo.path}", f"PATCHES={patch_dir}", work=make_work_dir)
+    assert "(HEAD is on no branch that `make apply` made)" in shown.stdout
+    [hint] = [line.strip() for line in shown.stdout.splitlines() if line.startswith("    make ")]
+    assert f" check CONSOLIDATED=fork VLLM={repo.path} PATCHES={patch_dir}" in hint
+    env = dict(os.environ, SERIES_WORK_DIR=str(make_work_dir))
+    done = subprocess.run(["bash", "-c", hint], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "combined" in done.stdout

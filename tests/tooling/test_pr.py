@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import snapshot
+from conftest import ROOT, snapshot
 from seriestool import base as base_mod
 from seriestool import check_manifest, pr, seriestest
 from seriestool import export as export_mod
@@ -109,10 +109,22 @@ def test_description_renders_the_template_from_the_messages(grouped):
     )
 
 
+def test_without_signoff_the_branch_is_not_called_ready_for_the_dco(grouped):
+    repo, manifest, patch_dir = grouped
+    lines = []
+    pr.make_pr(repo.path, manifest, "second", patch_dir, log=lines.append)
+    assert "ready to push" not in lines[0]
+    assert "NOT ready for vLLM's DCO check: 2 of its commits carry no Signed-off-by" in lines[0]
+    assert lines[0].endswith(f"git -C {repo.path} branch -m pr/second pr/second-unsigned && make"
+                             f" -C {ROOT} pr GROUP=second VLLM={repo.path} SIGNOFF=1")  # fmt: skip
+
+
 def test_signoff_makes_the_user_author_and_signer_without_writing_config(grouped):
     repo, manifest, patch_dir = grouped
     config = snapshot(repo)["raw"]
-    pr.make_pr(repo.path, manifest, "second", patch_dir, signoff=True, log=lambda *_: None)
+    lines = []
+    pr.make_pr(repo.path, manifest, "second", patch_dir, signoff=True, log=lines.append)
+    assert lines[0].endswith(", ready to push")
     for rev in ("pr/second", "pr/second~1"):
         assert repo.git("log", "-1", "--format=%an <%ae>", rev) == "Test User <user@example.com>"
         trailers = repo.git("log", "-1", "--format=%(trailers:key=Signed-off-by,valueonly)", rev)
