@@ -174,8 +174,11 @@ def _switch_to_kept(repo, branch, head, kept, start_from, result, paths, created
                 if mine else "not this series on HEAD's commit")  # fmt: skip
         raise SeriesError(_in_the_way(repo, branch, f"it holds {what}"))
     key = f"branch.{branch}.{SERIES_FROM_KEY}"
-    scope = journal.Scope(paths={p: [result[p]] if result[p] else [] for p in paths},
-                          refs={f"refs/heads/{branch}": [kept]}, config={key: start_from})  # fmt: skip
+    scope = journal.Scope(
+        paths={p: [result[p]] if result[p] else [] for p in paths},
+        refs={f"refs/heads/{branch}": [kept]},
+        config={key: start_from},
+    )
     switch(repo, "apply", head, kept, f"refs/heads/{branch}", scope,
            {p: {result[p]} for p in created}, log, [("config", key, start_from)])  # fmt: skip
     guard.completed()
@@ -238,8 +241,8 @@ def _try_filters(repo: Path, commits: list[str], paths: list[str]) -> None:
              if attrs[i + 2] not in ("unspecified", "unset", "set")]  # fmt: skip
     for commit in commits if named else []:
         entries = g.tree_entries(repo, commit, named)
-        g.git(repo, "cat-file", "--batch", "--filters", text=False,
-              input="".join(f"{oid} {path}\n" for path, (_mode, oid) in entries.items()))  # fmt: skip
+        batch = "".join(f"{oid} {path}\n" for path, (_mode, oid) in entries.items())
+        g.git(repo, "cat-file", "--batch", "--filters", input=batch, text=False)
 
 
 def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:

@@ -2,8 +2,9 @@
 
 Per patch: **identical** (a commit of ``BASE..CONSOLIDATED`` has its verbatim
 stable patch ID), **combined** (consecutive patches squashed into one commit),
-**split** (one patch split into consecutive commits), **changed** (paired as ``git range-diff`` pairs them, on both histories
-projected onto the series' paths by git-filter-repo) or **missing**; commits
+**split** (one patch split into consecutive commits), **changed** (paired as
+``git range-diff`` pairs them, on both histories projected onto the series'
+paths by git-filter-repo) or **missing**; commits
 touching series-owned files without a counterpart are **extra**; and the end
 state of every series-owned file is compared with the series' result.  All of
 it runs in a scratch clone: the user's repository is only read.  Exit status
@@ -342,8 +343,9 @@ def _find_split(
     one's parent carries their combined diff on the series' paths, whose patch
     ID the patch may have."""
     wanted = {r.patch_id: r for r in results if r.status == MISSING and r.patch_id}
-    spans = [(i, j) for i in range(len(cons_order)) for j in range(i + 1, i + SPLIT_MAX)
-             if j < len(cons_order) and all(c in unclaimed for c in cons_order[i : j + 1])]  # fmt: skip
+    n = len(cons_order)
+    spans = [(i, j) for i in range(n) for j in range(i + 1, min(i + SPLIT_MAX, n))
+             if all(c in unclaimed for c in cons_order[i : j + 1])]  # fmt: skip
     if not wanted or not spans:
         return
     synthetic = {
@@ -451,8 +453,7 @@ def fetch_advice(repo: Path, pinned: manifest_mod.Base) -> str:
     else:
         how = f"Fetch {where} into the checkout, then run again.\n"
     return how + (
-        f"Or name the commit of this checkout that is {pinned.project} {pinned.version}"
-        " with BASE=."
+        f"Or name the commit of this checkout that is {pinned.project} {pinned.version} with BASE=."
     )
 
 

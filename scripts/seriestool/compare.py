@@ -593,8 +593,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not args.from_spec:
             repo = args.repo or manifest_mod.ROOT
-            raise SeriesError(f"FROM= names the older side, e.g. `{hints.make('compare', FROM='1')}`"
-                              f"; {versions.what_exists(repo)}")  # fmt: skip
+            example = hints.make("compare", FROM="1")
+            raise SeriesError(f"FROM= names the older side, e.g. `{example}`; "
+                              + versions.what_exists(repo))  # fmt: skip
         with interrupts.deferred():
             comparison = compare(args.repo or manifest_mod.ROOT, args.from_spec, args.to_spec,
                                  args.vllm)  # fmt: skip

@@ -208,11 +208,11 @@ def _refuse_uncommitted_patches(patch_dir: Path) -> None:
         return
     status = g.out(patch_dir, "status", "--porcelain=v1", "--untracked-files=all", "--", ".")
     if status:
+        stash = hints.git(patch_dir, "stash", "push", "--", ".")
         raise SeriesError(
             f"{patch_dir} has uncommitted changes that export would overwrite:\n  "
             + "\n  ".join(status.splitlines()[:10])
-            + f"\ncommit them, or set them aside (`{hints.git(patch_dir, 'stash', 'push', '--', '.')}`"
-            " keeps them in the stash), and run again"
+            + f"\ncommit them, or set them aside (`{stash}` keeps them in the stash), and run again"
         )
 
 

@@ -279,7 +279,7 @@ def user_identity(repo: Path) -> dict[str, str]:
         raise SeriesError(
             f"git has no identity of yours to commit with in {repo}"
             f" ({said[-1] if said else 'git var GIT_COMMITTER_IDENT failed'}); nothing was"
-            " changed.  Set yours, e.g.\n    git config --global user.name \"Your Name\"\n"
+            ' changed.  Set yours, e.g.\n    git config --global user.name "Your Name"\n'
             "    git config --global user.email you@example.com\nand run again"
         )
     return {"GIT_COMMITTER_NAME": name.strip(), "GIT_COMMITTER_EMAIL": rest.partition(">")[0]}

@@ -13,12 +13,12 @@ import argparse
 import re
 from pathlib import Path
 
+from . import apply as apply_mod
 from . import base as base_mod
 from . import check_manifest, hints, interrupts, journal, patchset, scratch, seriestest
 from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
-from . import apply as apply_mod
 from .apply import ensure_default_checkout
 from .errors import SeriesError
 
@@ -103,10 +103,12 @@ def make_pr(
     if unsigned:
         again = hints.make("pr", GROUP=name, VLLM=None if repo == apply_mod.default_checkout()
                            else str(repo), SIGNOFF="1")  # fmt: skip
-        log(f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, NOT ready for"
+        log(
+            f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, NOT ready for"
             f" vLLM's DCO check: {len(unsigned)} of its commits carry no Signed-off-by of their"
             " author.  Sign them off as yourself (the branch moved aside first):\n    "
-            f"{hints.git(repo, 'branch', '-m', branch, branch + '-unsigned')} && {again}")
+            f"{hints.git(repo, 'branch', '-m', branch, branch + '-unsigned')} && {again}"
+        )
     else:
         log(f"branch {branch} in {repo}: {len(commits)} patches on {base[:12]}, ready to push")
     log(f"pull-request description: {out}")

@@ -22,7 +22,6 @@ from . import git as g
 from . import hints, patchset, placement
 from .errors import SeriesError
 
-
 # Files of paths git reads as bytes: written as ``git.encode`` writes them.
 _PATHS = {"encoding": "utf-8", "errors": "surrogateescape"}
 

@@ -39,7 +39,8 @@ def smoke(manifest: manifest_mod.Manifest, patch_dir=manifest_mod.PATCH_DIR) -> 
     chosen = pick(patches, files, nodes)
     rows = []
     for n, (patch, node) in enumerate(zip(patches, chosen, strict=True)):
-        shared = next((p.name[:4] for p, c in zip(patches[:n], chosen) if c == node), None)
+        shared = next((p.name[:4] for p, c in zip(patches, chosen[:n], strict=False) if c == node),
+                      None)  # fmt: skip
         why = f" (shared with {shared}: the patch adds no test of its own)" if shared else ""
         rows.append((patch.name[:48], (node or "no test collected") + why))
     print(table(("patch", "smoke test"), rows))

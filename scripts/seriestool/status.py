@@ -53,9 +53,11 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
     elif held:
         log("base: not recorded (HEAD is on no branch that `make apply` made)")
     if not base and not at_base:
-        log("If HEAD carries the series consolidated (squashed, merged, reworded, with commits"
+        log(
+            "If HEAD carries the series consolidated (squashed, merged, reworded, with commits"
             " of yours), audit it against the series with\n    "
-            + hints.make("check", CONSOLIDATED=branch or head, VLLM=str(repo), PATCHES=patches))
+            + hints.make("check", CONSOLIDATED=branch or head, VLLM=str(repo), PATCHES=patches)
+        )
     return 0
 
 
@@ -77,7 +79,8 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
             raise SeriesError(
                 f"branch {branch} holds {len(mine)} commit(s) of no series version this"
                 f" repository knows, which DELETE=1 would delete; nothing was changed:\n  "
-                + listing.replace("\n", "\n  ") + f"\n`{hints.make('remove', VLLM=str(repo))}`"
+                + listing.replace("\n", "\n  ")
+                + f"\n`{hints.make('remove', VLLM=str(repo))}`"
                 " (without DELETE=1) keeps the branch; to delete it all the same, first keep"
                 f" them on a branch of their own (`{hints.git(repo, 'branch', 'my-work', head)}`)"
             )
@@ -111,7 +114,7 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
         guard.completed()
     log(f"removed the series from {repo}: HEAD is on {start.removeprefix('refs/heads/')}")
     back = " && ".join([hints.git(repo, "branch", branch, head)] + [
-        hints.git(repo, "config", key, value) for key, value in recorded.items() if value])  # fmt: skip
+        hints.git(repo, "config", k, v) for k, v in recorded.items() if v])  # fmt: skip
     log(f"deleted branch {branch} (`{back}` brings it back)" if delete_branch
         else f"branch {branch} is kept (DELETE=1 deletes it)")  # fmt: skip
     return 0

@@ -337,7 +337,7 @@ def test_not_at_base_recipes_run_as_printed_each_into_a_fresh_copy(make_repo):
     assert "(after `make base`)" not in message
     assert f"make -C {manifest_mod.ROOT} base && git -C {repo.path} fetch" in message
     recipe = message.rsplit("\n", 1)[1].strip()
-    assert f" rebase TO={repo.head()[:12]} VLLM={repo.path} PATCHES=\"$copy\"" in recipe
+    assert f' rebase TO={repo.head()[:12]} VLLM={repo.path} PATCHES="$copy"' in recipe
     copy = recipe.split(" && make ", 1)[0] + ' && echo "$copy"'
     made = [subprocess.run(copy, shell=True, check=True, capture_output=True, text=True)
             .stdout.strip() for _ in range(2)]  # fmt: skip

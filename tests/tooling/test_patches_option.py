@@ -53,9 +53,7 @@ def _printed(message: str, marker: str) -> str:
     return next(c for c in message.split("`")[1::2] if marker in c)
 
 
-def test_apply_of_an_edited_series_hints_for_that_folder_and_each_hint_works(
-    toy_series, tmp_path
-):
+def test_apply_of_an_edited_series_hints_for_that_folder_and_each_hint_works(toy_series, tmp_path):
     """An edited copy (no repository): its own export, no git command on it; an
     edited tracked folder: the stash command, which works as printed and keeps
     the edits; a refusal changes nothing."""
