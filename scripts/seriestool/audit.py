@@ -175,15 +175,15 @@ def audit(
         raise SeriesError(
             f"{repo} is not a git repository: run `{hints.make('apply')}` to produce the default"
             " checkout, or name the repository that holds the consolidated branch with"
-            " VLLM= (--vllm)"
+            " VLLM="
         )
-    base = _resolve(repo, base_ref, "base", "BASE= (--base) the commit the branch starts from")
-    cons = _resolve(repo, consolidated_ref, "consolidated", "CONSOLIDATED= (--consolidated)")
+    base = _resolve(repo, base_ref, "base", "BASE= the commit the branch starts from")
+    cons = _resolve(repo, consolidated_ref, "consolidated", "CONSOLIDATED=")
     if g.git(repo, "merge-base", "--is-ancestor", base, cons, check=False).returncode != 0:
         raise SeriesError(
             f"base {base_ref} ({base[:12]}) is not an ancestor of {consolidated_ref}"
             f" ({cons[:12]}): name the commit {consolidated_ref} was built on with"
-            " BASE= (--base)"
+            " BASE="
         )
     for path in patch_files:
         if not path.is_file():
@@ -213,7 +213,7 @@ def audit(
             except SeriesError as e:
                 raise SeriesError(
                     f"{e}\nso the series' result cannot be built: name the commit the series is"
-                    " based on with BASE= (--base), or rebase the series"
+                    " based on with BASE=, or rebase the series"
                 ) from None
             g.git(scratch, "update-ref", _SERIES_REF, series_commits[-1])
             g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
@@ -303,14 +303,8 @@ def _find_combined(
     ]
     if not spans:
         return
-    synthetic: dict[tuple[int, int], str] = {}
-    for first, last in spans:
-        parent = series_commits[first - 1] if first else base
-        synthetic[(first, last)] = g.out(
-            scratch, "commit-tree", f"{series_commits[last]}^{{tree}}", "-p", parent,
-            "-m", f"combined patches {first + 1}..{last + 1}", env=base_mod.BASE_IDENTITY,
-        )  # fmt: skip
-    ids = patchset.patch_ids_of_commits(scratch, list(synthetic.values()), pathspecs)
+    ids = _span_ids(scratch, {(a, b): (series_commits[b], series_commits[a - 1] if a else base)
+                              for a, b in spans}, pathspecs)  # fmt: skip
     by_id: dict[str, list[str]] = {}
     for commit, pid in unclaimed.items():
         by_id.setdefault(pid, []).append(commit)
@@ -318,7 +312,7 @@ def _find_combined(
         members = results[first : last + 1]
         if any(r.status != MISSING for r in members):
             continue
-        pid = ids.get(synthetic[(first, last)])
+        pid = ids.get((first, last))
         candidates = [c for c in by_id.get(pid or "", []) if c in unclaimed]
         if not candidates:
             continue
@@ -348,19 +342,25 @@ def _find_split(
              if all(c in unclaimed for c in cons_order[i : j + 1])]  # fmt: skip
     if not wanted or not spans:
         return
-    synthetic = {
-        g.out(scratch, "commit-tree", f"{cons_order[j]}^{{tree}}", "-p", f"{cons_order[i]}^",
-              "-m", "split", env=base_mod.BASE_IDENTITY): (i, j)
-        for i, j in spans
-    }  # fmt: skip
-    for commit, pid in patchset.patch_ids_of_commits(scratch, list(synthetic), pathspecs).items():
-        i, j = synthetic[commit]
+    ids = _span_ids(scratch, {(i, j): (cons_order[j], f"{cons_order[i]}^") for i, j in spans},
+                    pathspecs)  # fmt: skip
+    for (i, j), pid in ids.items():
         result, parts = wanted.get(pid), cons_order[i : j + 1]
         if result and result.status == MISSING and all(c in unclaimed for c in parts):
             for c in parts:
                 del unclaimed[c]
             result.status, result.commits = SPLIT, parts
             result.note = f"split into {len(parts)} consecutive commits"
+
+
+def _span_ids(scratch: Path, spans: dict, pathspecs: list[str]) -> dict:
+    """The patch ID (on ``pathspecs``) of each span's combined diff, ``{key: (tip,
+    parent)}``: of a synthetic commit of ``tip``'s tree on ``parent``."""
+    made = {g.out(scratch, "commit-tree", f"{tip}^{{tree}}", "-p", parent, "-m", "span",
+                  env=base_mod.BASE_IDENTITY): key
+            for key, (tip, parent) in spans.items()}  # fmt: skip
+    ids = patchset.patch_ids_of_commits(scratch, list(made), pathspecs)
+    return {made[c]: pid for c, pid in ids.items()}
 
 
 def _pair_with_range_diff(

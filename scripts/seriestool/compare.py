@@ -293,7 +293,7 @@ def _base_commit(
             if was_cached
             else f"\nIt is not cached in {cached}: run `{hints.make('venv')}` (its pip fetches"
             " the sdist) and try again, or name a repository that holds the base commit with"
-            " VLLM= (--vllm)"
+            " VLLM="
         )
         raise SeriesError(
             f"{state.label} pins the base {b.project} {b.version}"

@@ -51,33 +51,16 @@ CARRY_LIMIT = 64 * 1024 * 1024
 # pydantic); none pins torch above 2.11.  compressed-tensors (and its loguru):
 # the model-loading tests import model modules that need it.  One version
 # each: pip refuses two.
-WHEELS: tuple[tuple[str, str], ...] = (
-    ("annotated-types", "0.8.0"),
-    ("apache-tvm-ffi", "0.1.15.post2"),
-    ("cachetools", "8.0.2"),
-    ("cbor2", "6.3.0"),
-    ("compressed-tensors", "0.17.0"),
-    ("fastapi", "0.136.3"),
-    ("httpcore2", "2.16.2"),
-    ("httpx2", "2.16.2"),
-    ("instanttensor", "0.2.2"),
-    ("llguidance", "1.7.6"),
-    ("loguru", "0.7.3"),
-    ("msgspec", "0.22.0"),
-    ("openai", "3.57.0"),
-    ("oss-harmony", "0.0.11"),
-    ("partial-json-parser", "0.2.1.1.post7"),
-    ("pybase64", "1.5.1"),
-    ("pydantic", "2.14.4"),
-    ("pydantic-core", "2.50.5"),
-    ("pyzmq", "27.3.0"),
-    ("sniffio", "1.3.1"),
-    ("starlette", "1.10.0"),
-    ("truststore", "0.10.5"),
-    ("typing-extensions", "4.16.0"),
-    ("typing-inspection", "0.4.5"),
-    ("xgrammar", "0.2.8"),
-)
+WHEELS: tuple[tuple[str, str], ...] = tuple(tuple(pin.split("==")) for pin in (
+    "annotated-types==0.8.0", "apache-tvm-ffi==0.1.15.post2", "cachetools==8.0.2",
+    "cbor2==6.3.0", "compressed-tensors==0.17.0", "fastapi==0.136.3", "httpcore2==2.16.2",
+    "httpx2==2.16.2", "instanttensor==0.2.2", "llguidance==1.7.6", "loguru==0.7.3",
+    "msgspec==0.22.0", "openai==3.57.0", "oss-harmony==0.0.11",
+    "partial-json-parser==0.2.1.1.post7", "pybase64==1.5.1", "pydantic==2.14.4",
+    "pydantic-core==2.50.5", "pyzmq==27.3.0", "sniffio==1.3.1", "starlette==1.10.0",
+    "truststore==0.10.5", "typing-extensions==4.16.0", "typing-inspection==0.4.5",
+    "xgrammar==0.2.8",
+))  # fmt: skip
 
 # pip matches manylinux tags exactly: list every glibc level the image
 # (Ubuntu 24.04, glibc 2.39) can run.

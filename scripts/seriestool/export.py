@@ -92,23 +92,13 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
     if parsed != body:
         cut = body[len(parsed) :].strip().splitlines()[:1] if body.startswith(parsed) else []
         where = f" at the line {cut[0]!r}" if cut else ""
-        if cut and cut[0].startswith("diff -"):
-            why = (
-                "git am takes a line starting `diff -` as the start of the patch and ends the"
-                " message there; reword or indent that line"
-            )
-        elif cut and cut[0].startswith("Index: "):
-            why = (
-                "git am takes a line starting `Index: ` as the start of the patch and ends"
-                " the message there; reword or indent that line"
-            )
-        elif cut and cut[0].startswith("---"):
-            why = (
-                "git ends a message at a line `---`; reword it (e.g. headings without a"
-                " `---` underline)"
-            )
-        else:
-            why = "git am would not reproduce the message; reword it"
+        starts = {"diff -": "the start of the patch and ends the message there",
+                  "Index: ": "the start of the patch and ends the message there",
+                  "---": "the end of the message"}  # fmt: skip
+        start = next((k for k in starts if cut and cut[0].startswith(k)), None)
+        why = (f"git am takes a line starting `{start}` as {starts[start]}; reword or"
+               " indent that line" if start else "git am would not reproduce the message;"
+               " reword it")  # fmt: skip
         raise SeriesError(
             f"the message of {what} would be cut by git am{where}: {why} and export again"
         )

@@ -1294,10 +1294,7 @@ def _write_report(
 def run(args: argparse.Namespace) -> int:
     cont = getattr(args, "continue")
     if sum([bool(args.to), cont, args.abort]) != 1:
-        raise SeriesError(
-            "give exactly one of: --to <version or commit> (make rebase TO=...),"
-            " --continue (CONTINUE=1), --abort (ABORT=1)"
-        )
+        raise SeriesError("give exactly one of TO=<version or commit>, CONTINUE=1 and ABORT=1")
     if cont:
         return resume(force=args.force, skip_tests=args.skip_tests)
     if args.abort:
