@@ -269,16 +269,17 @@ def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
     else:
         way = (
             f"The series applies to the base commit {b.commit} (`base.commit` in"
-            f" {_manifest_name(patch_dir)}), materialised from the sdist {b.sdist.filename}"
-            " by `make base` (cached, under work/; `make apply` without VLLM= uses a clone"
-            " of it).  Check it out here with\n    " + hints.make("base") + " && "
+            f" {Path(hints.patches_var(patch_dir) or 'patches') / 'series.json'}),"
+            f" materialised from the sdist {b.sdist.filename} by `make base` (cached, under"
+            " work/; `make apply` without VLLM= uses a clone of it).  Check it out here"
+            " with\n    " + hints.make("base") + " && "
             + hints.git(repo, "fetch", str(base_mod.base_repo_path(b.project, b.version)), b.commit)
             + " && " + hints.git(repo, "checkout", b.commit)
         )  # fmt: skip
     # A commit has no sdist to pin: the project's patches/ stays as it is and
     # the rebased series goes into a copy (rebase refuses otherwise).
     to = {"TO": head[:12], "VLLM": str(repo)}
-    copy = _patches_arg(patch_dir)
+    copy = hints.patches_var(patch_dir)
     rebase = hints.make("rebase", **to, PATCHES=copy) if copy else hints.rebase_into_copy(
         patch_dir, **to)  # fmt: skip
     return (
@@ -291,7 +292,7 @@ def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
 def _upgrade(repo: Path, head: str, held: versions.Held, manifest, patch_dir: Path) -> str:
     """The refusal of a checkout carrying another version of the series, with
     the upgrade: a branch of this version from the commit that one started from."""
-    apply_again = hints.make("apply", VLLM=str(repo), PATCHES=_patches_arg(patch_dir))
+    apply_again = hints.make("apply", VLLM=str(repo), PATCHES=hints.patches_var(patch_dir))
     branch = g.out(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
     config = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
     start = (branch and config.stdout.strip()) or g.rev(repo, f"{head}~{held.held}")
@@ -305,17 +306,6 @@ def _upgrade(repo: Path, head: str, held: versions.Held, manifest, patch_dir: Pa
         f" that series started from (the {'branch ' + branch if branch else 'commit'} stays):"
         f"\n    {hints.git(repo, 'checkout', '--detach', start)} && {apply_again}"
     )
-
-
-def _manifest_name(patch_dir: Path) -> str:
-    """The manifest as a user would name it: ``patches/series.json`` for the default folder."""
-    default = patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve()
-    return "patches/series.json" if default else str(patch_dir / "series.json")
-
-
-def _patches_arg(patch_dir: Path) -> str | None:
-    """``PATCHES=`` for a printed make command: only when not the default folder."""
-    return None if patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve() else str(patch_dir)
 
 
 def _build(
@@ -387,13 +377,10 @@ def _summary(manifest: manifest_mod.Manifest, commits: list[str], status: str) -
 
 
 def run(args: argparse.Namespace) -> int:
-    manifest_path = Path(args.manifest) if args.manifest else None
-    patch_dir = Path(args.patches_dir) if args.patches_dir else None
-    if manifest_path is None:
-        manifest_path = (patch_dir or manifest_mod.PATCH_DIR) / "series.json"
-    manifest = manifest_mod.load(manifest_path)
+    patch_dir = Path(args.patches_dir or manifest_mod.PATCH_DIR)
+    manifest = manifest_mod.load(patch_dir / "series.json")
     repo = Path(args.vllm) if args.vllm else ensure_default_checkout(manifest)
-    return apply_series(repo, manifest, patch_dir or manifest_path.parent)
+    return apply_series(repo, manifest, patch_dir)
 
 
 def register(subparsers) -> None:
@@ -402,5 +389,4 @@ def register(subparsers) -> None:
         "--vllm", type=hints.user_path, help="vLLM checkout (default: materialise the pinned base)"
     )
     p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
-    p.add_argument("--manifest", help="its manifest (default: <patches-dir>/series.json)")
     p.set_defaults(func=run)

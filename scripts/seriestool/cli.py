@@ -40,13 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"seriestool.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"seriestool.{name}":
-                continue  # command not built yet
-            raise
-        module.register(subparsers)
+        importlib.import_module(f"seriestool.{name}").register(subparsers)
     return parser
 
 

@@ -11,7 +11,7 @@ import os
 import shlex
 from pathlib import Path
 
-from .manifest import ROOT
+from .manifest import PATCH_DIR, ROOT
 
 
 def make(target: str, **variables: str | None) -> str:
@@ -23,6 +23,11 @@ def make(target: str, **variables: str | None) -> str:
 # How to end a rebase session that keeps a conflict.
 REBASE_OPEN = (f"finish it with\n    {make('rebase', CONTINUE='1')}\nor undo it with\n"
                f"    {make('rebase', ABORT='1')}")  # fmt: skip
+
+
+def patches_var(patch_dir: Path | str) -> str | None:
+    """``PATCHES=`` for a printed make command: only for another folder than ``patches/``."""
+    return None if Path(patch_dir).resolve() == PATCH_DIR.resolve() else str(patch_dir)
 
 
 def rebase_into_copy(patch_dir: Path, **variables: str) -> str:
@@ -60,10 +65,8 @@ def fix_series(patch_dir: Path) -> str:
     for another folder); the edits are stashed, not discarded, and only where
     git tracks them."""
     from . import git as g
-    from .manifest import PATCH_DIR
 
-    default = Path(patch_dir).resolve() == PATCH_DIR.resolve()
-    patches = None if default else str(patch_dir)
+    patches = patches_var(patch_dir)
     where = f"`{make('check-manifest', PATCHES=patches)}` shows the differences; "
     if g.is_repo(Path(patch_dir)) and g.out(Path(patch_dir), "ls-files", "--", "series.json"):
         where += (f"set the edits aside (`{git(patch_dir, 'stash', 'push', '--', '.')}` keeps"

@@ -180,12 +180,11 @@ class Session:
 
     def make(self, **variables: str | None) -> str:
         """A ``make rebase`` command carrying this session's checkout and options."""
-        default = Path(self.patch_dir) == manifest_mod.PATCH_DIR.resolve()
         args = " ".join(shlex.quote(f"--pip-arg={a}") for a in self.pip_args)
         session = {
             "VLLM": self.vllm or None,
             "NOTEST": "1" if self.skip_tests else None,
-            "PATCHES": None if default else self.patch_dir,
+            "PATCHES": hints.patches_var(self.patch_dir),
             "ARGS": args or None,
         }
         # The caller's variables first, as typed; the session's fill in the rest.

@@ -34,8 +34,6 @@ def _recorded(repo: Path, branch: str | None, key: str) -> str | None:
 def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> int:
     """Print which series ``repo``'s HEAD carries, on which base, and what is beyond it."""
     repo, branch, head = _open(repo)
-    default = Path(patch_dir).resolve() == manifest_mod.PATCH_DIR.resolve()
-    patches = None if default else str(patch_dir)
     log(f"checkout {repo}: HEAD {'on branch ' + branch if branch else 'detached'} at {head}")
     held, at_base = versions.held_in(repo, head, patch_dir), False
     b = manifest_mod.load(patch_dir / versions.MANIFEST).base
@@ -53,11 +51,10 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
     elif held:
         log("base: not recorded (HEAD is on no branch that `make apply` made)")
     if not base and not at_base:
-        log(
-            "If HEAD carries the series consolidated (squashed, merged, reworded, with commits"
-            " of yours), audit it against the series with\n    "
-            + hints.make("check", CONSOLIDATED=branch or head, VLLM=str(repo), PATCHES=patches)
-        )
+        check = hints.make("check", CONSOLIDATED=branch or head, VLLM=str(repo),
+                           PATCHES=hints.patches_var(patch_dir))  # fmt: skip
+        log("If HEAD carries the series consolidated (squashed, merged, reworded, with commits"
+            f" of yours), audit it against the series with\n    {check}")  # fmt: skip
     return 0
 
 
