@@ -3,8 +3,7 @@
 Per patch: **identical** (a commit of ``BASE..CONSOLIDATED`` has its verbatim
 stable patch ID), **combined** (consecutive patches squashed into one commit),
 **split** (one patch split into consecutive commits), **changed** (paired as
-``git range-diff`` pairs them, on both histories projected onto the series'
-paths by git-filter-repo) or **missing**; commits
+``git range-diff`` pairs them, on the series' paths only) or **missing**; commits
 touching series-owned files without a counterpart are **extra**; and the end
 state of every series-owned file is compared with the series' result.  All of
 it runs in a scratch clone: the user's repository is only read.  Exit status
@@ -19,9 +18,6 @@ import bisect
 import dataclasses
 import json
 import shlex
-import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -219,7 +215,7 @@ def audit(
             g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
             extra, files = _classify(
                 scratch, base, series_commits, cons, paths, cons_ids, results,
-                creation_factor, Path(tmp),
+                creation_factor,
             )  # fmt: skip
     report = Report(
         repo=str(repo), base=base, consolidated_ref=consolidated_ref, consolidated=cons,
@@ -240,7 +236,6 @@ def _classify(
     cons_ids: list[tuple[str, str]],
     results: list[PatchResult],
     creation_factor: int | None,
-    tmp: Path,
 ) -> tuple[list[ExtraCommit], list[FileState]]:
     """Fill ``results`` in place; return the extra commits and the end state."""
     pathspecs = [f":(literal){p}" for p in paths]
@@ -268,7 +263,7 @@ def _classify(
     if pending and unclaimed:
         _pair_with_range_diff(
             scratch, base, series_commits, results, unclaimed, paths,
-            set(cons_order), creation_factor, tmp,
+            set(cons_order), creation_factor,
         )  # fmt: skip
 
     extras = [c for c in cons_order if c in unclaimed]
@@ -372,23 +367,20 @@ def _pair_with_range_diff(
     paths: list[str],
     cons_known: set[str],
     creation_factor: int | None,
-    tmp: Path,
 ) -> None:
     """Pair still-missing patches with unclaimed commits as ``git range-diff`` of
-    both histories, projected onto the series paths (``_project``), pairs them."""
-    old_of = _project(scratch, base, paths, tmp)
-    proj_series = g.out(scratch, "rev-parse", _SERIES_REF)
-    proj_cons = g.out(scratch, "rev-parse", _CONSOLIDATED_REF)
-    left = sorted(g.rev_list(scratch, f"{base}..{proj_series}"))
-    right = sorted(g.rev_list(scratch, f"{base}..{proj_cons}"))
-    text = rangediff.range_diff(scratch, base, proj_series, base, proj_cons, creation_factor)
+    both histories, on the series paths only (the commits touching them, their
+    diffs there), pairs them."""
+    tips = [g.out(scratch, "rev-parse", ref) for ref in (_SERIES_REF, _CONSOLIDATED_REF)]
+    text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
+                                [f":(literal){p}" for p in paths])  # fmt: skip
+    left, right = (sorted(g.rev_list(scratch, f"{base}..{tip}")) for tip in tips)
 
     series_index = {c: i for i, c in enumerate(series_commits)}
     for pair in rangediff.parse(text):
         if pair.status not in "=!":
             continue
-        lnew, rnew = _by_prefix(left, pair.left_sha), _by_prefix(right, pair.right_sha)
-        lold, rold = old_of.get(lnew or "", lnew), old_of.get(rnew or "", rnew)
+        lold, rold = _by_prefix(left, pair.left_sha), _by_prefix(right, pair.right_sha)
         if lold not in series_index or rold not in unclaimed or rold not in cons_known:
             continue
         result = results[series_index[lold]]
@@ -524,44 +516,6 @@ def _commit_info(
         elif token and current is not None:
             current.append(token)
     return info
-
-
-def filter_repo_command() -> list[str]:
-    """How to run git-filter-repo: next to this Python (the venv), else on PATH."""
-    beside = Path(sys.executable).parent / "git-filter-repo"
-    found = str(beside) if beside.is_file() else shutil.which("git-filter-repo")
-    if found:
-        return [found]
-    raise SeriesError(
-        "git-filter-repo is needed to compare commits on the series paths only,"
-        f" and is neither next to the running Python nor on PATH: run `{hints.make('venv')}`"
-        " (it installs git-filter-repo from PyPI) or `pip install git-filter-repo`"
-    )
-
-
-def _project(scratch: Path, base: str, paths: list[str], tmp: Path) -> dict[str, str]:
-    """Rewrite ``BASE..`` of the two audit refs of ``scratch`` onto ``paths`` only
-    (commits left empty are pruned); returns projected commit -> original commit."""
-    path_file = tmp / "series-paths"
-    # `literal:` so no series path is read as a glob, regex or rename rule.
-    path_file.write_bytes(g.encode("".join(f"literal:{p}\n" for p in paths)))
-    cmd = [
-        *filter_repo_command(), "--quiet", "--force", "--paths-from-file", str(path_file),
-        "--refs", f"^{base}", _SERIES_REF, _CONSOLIDATED_REF,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, env=g.env())
-    if proc.returncode != 0:
-        raise SeriesError(
-            f"git-filter-repo failed projecting the scratch clone onto the series"
-            f" paths: {(proc.stderr or proc.stdout).strip()}"
-        )
-    old_of: dict[str, str] = {}
-    commit_map = g.git_dir(scratch) / "filter-repo" / "commit-map"
-    for line in commit_map.read_text(encoding="ascii").splitlines()[1:]:  # header: "old new"
-        old, new = line.split()
-        if set(new) != {"0"}:
-            old_of[new] = old
-    return old_of
 
 
 # ---------------------------------------------------------------- accepts

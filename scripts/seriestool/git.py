@@ -70,7 +70,7 @@ def _safe_directories() -> tuple[str, ...]:
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the tool's git calls (``env``: for git-filter-repo too)."""
+    """The environment of the tool's git calls."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in _IDENTITY_ENV}
     settings = list(PINNED_CONFIG) + [("safe.directory", d) for d in _safe_directories()]
     env.update(
@@ -93,9 +93,6 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
-
-
-env = _env
 
 
 def git(

@@ -80,8 +80,10 @@ def range_diff(
     new_base: str,
     new_tip: str,
     creation_factor: int | None = None,
+    pathspecs: tuple[str, ...] | list[str] = (),
 ) -> str:
-    """``git range-diff old_base..old_tip new_base..new_tip``.
+    """``git range-diff old_base..old_tip new_base..new_tip [-- pathspecs]`` (with
+    pathspecs: the commits touching them, their diffs on them only).
 
     git refuses an empty range ("need two commit ranges"): when a side is
     empty (an empty series, or every patch dropped) the other side's commits
@@ -90,7 +92,7 @@ def range_diff(
     if old_tip != old_base and new_tip != new_base:
         factor = [] if creation_factor is None else [f"--creation-factor={creation_factor}"]
         return g.out(repo, "range-diff", "--no-color", *factor, f"{old_base}..{old_tip}",
-                     f"{new_base}..{new_tip}")  # fmt: skip
+                     f"{new_base}..{new_tip}", "--", *pathspecs)  # fmt: skip
     lines = []
     for side, (base, tip) in (("old", (old_base, old_tip)), ("new", (new_base, new_tip))):
         log = g.out(repo, "log", "--no-color", "--reverse", "--format=%h %s", f"{base}..{tip}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -170,8 +169,8 @@ def build_series(
     return Series(repo, base, patch_dir, manifest)
 
 
-def _no_filter_repo() -> list[str]:
-    raise AssertionError("git-filter-repo must not run for this audit")
+def _no_range_diff(*_args, **_kwargs) -> str:
+    raise AssertionError("git range-diff must not run for this audit")
 
 
 def statuses(report: dict) -> list[str]:
@@ -187,8 +186,8 @@ def series(make_repo, tmp_path) -> Series:
 
 
 def test_identical(series, capsys, monkeypatch):
-    # Identical patches are proven by patch IDs alone: no projection is needed.
-    monkeypatch.setattr(audit, "filter_repo_command", _no_filter_repo)
+    # Identical patches are proven by patch IDs alone: no range-diff is needed.
+    monkeypatch.setattr(audit.rangediff, "range_diff", _no_range_diff)
     shas = series.consolidate(
         [("[fork] " + m, f) for m, f in SERIES] + [("Unrelated fork work", {"README": "fork\n"})]
     )
@@ -624,16 +623,6 @@ def test_accept_refusals(series, capsys):
         capsys, "--consolidated", "cons", "--accept", "extra:nosuch", "--reason", "x"
     )
     assert rc == 2 and "names no commit" in err
-
-
-def test_missing_filter_repo_is_refused_when_needed(series, capsys, monkeypatch, tmp_path):
-    series.consolidate([PATCH_1, (PATCH_2[0], {**PATCH_2[1], "tests/test_quant.py": "pass\n"})])
-    monkeypatch.setattr(audit.sys, "executable", str(tmp_path / "bin" / "python"))
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "git").symlink_to(shutil.which("git"))  # git only, no filter-repo
-    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    rc, err = series.check(capsys, "--consolidated", "cons")
-    assert rc == 2 and "git-filter-repo is needed" in err and " venv`" in err
 
 
 def test_series_merged_into_a_fork_branch(series, capsys):
