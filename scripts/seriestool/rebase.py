@@ -1022,7 +1022,7 @@ def _finish(
     sess.save()
 
     if sess.skip_tests:
-        sess.tests = "skipped (--skip-tests)"
+        sess.tests = "skipped (NOTEST=1)"
         ok = True
     else:
         _write_report(sess, "running the series' tests", "unchanged", log, range_diff, quiet=True)
@@ -1077,6 +1077,7 @@ def _finish(
             log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
                 " holds the rebased series")  # fmt: skip
             sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
+            g.git(checkout, "config", f"branch.{sess.branch}.{SERIES_BASE_KEY}", sess.new_base)
         elif sess.kind == "version":  # a VLLM= checkout is only read
             _keep_branch(sess, manifest, log)
     guard.completed()
