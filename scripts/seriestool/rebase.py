@@ -1077,7 +1077,6 @@ def _finish(
             log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
                 " holds the rebased series")  # fmt: skip
             sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
-            g.git(checkout, "config", f"branch.{sess.branch}.{SERIES_BASE_KEY}", sess.new_base)
         elif sess.kind == "version":  # a VLLM= checkout is only read
             _keep_branch(sess, manifest, log)
     guard.completed()

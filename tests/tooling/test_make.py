@@ -48,7 +48,8 @@ def test_not_at_the_base_hint_runs_as_printed(make_repo, tmp_path, make_work_dir
 
     refused = _make("apply", f"VLLM={repo.path}", f"PATCHES={patch_dir}", work=make_work_dir)
     assert refused.returncode != 0 and "is not at the pinned base" in refused.stderr
-    [hint] = [line.strip() for line in refused.stderr.splitlines() if line.startswith("    make ")]
+    [hint] = [line.strip() for line in refused.stderr.splitlines()
+              if line.startswith("    make ") and " rebase " in line]  # fmt: skip
     assert shlex.split(hint)[:4] == ["make", "-C", str(ROOT), "rebase"]
 
     env = dict(os.environ, SERIES_WORK_DIR=str(make_work_dir))
