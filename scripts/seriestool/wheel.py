@@ -1,15 +1,12 @@
 """``wheel``: an installable patched vLLM, made from the released wheel of the base.
 
-The released wheel of the pinned version (``pip download --no-deps``, once,
-into ``work/wheel-cache``) carries the ``vllm/`` files of the sdist the base
-is made from.  Every ``vllm/`` file the series adds, changes or deletes is
-first checked byte for byte against the base: any difference refuses the
-build, naming the file, and nothing is written.  Then those files are
-replaced, ``METADATA``'s version becomes a PEP 440 local version naming the
-series (``0.33.0+instanttensor.v4``, which ``vllm==0.33.0`` still accepts),
-the dist-info folder is renamed to match and ``RECORD`` is rewritten with
-every file's sha256 and size.  The tags and all other files stay as released;
-each one's hash is checked against the released ``RECORD`` as it is copied.
+The released wheel (``pip download --no-deps``, once, into ``work/wheel-cache``)
+must hold each ``vllm/`` file the series adds, changes or deletes exactly as
+the base does, else the build is refused, naming the file, before anything is
+written.  Those files are replaced; METADATA's version becomes a PEP 440 local
+version naming the series (``0.33.0+instanttensor.v4``, which ``vllm==0.33.0``
+accepts), the dist-info folder is renamed and RECORD rewritten.  Tags and all
+other files stay as released, each checked against the released RECORD.
 """
 
 from __future__ import annotations
@@ -111,7 +108,8 @@ def build(
     series_version: str,
     out_dir: Path = OUT_DIR,
 ) -> Path:
-    """Write the patched wheel into ``out_dir``; returns its path."""
+    """Write the patched wheel into ``out_dir``, in place of any other wheel of the
+    project there; returns its path."""
     project, version, tags = released.name[: -len(".whl")].split("-", 2)
     new_version = local_version(version, series_version)
     info_dir = f"{project}-{version}.dist-info/"
@@ -165,6 +163,8 @@ def build(
                     member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD")), text.getvalue()
                 )
             partial.replace(dest)
+            for older in set(out_dir.glob(f"{project}-*.whl")) - {dest}:
+                older.unlink()  # one wheel: `pip install work/wheel/vllm-*.whl` takes it
         finally:
             partial.unlink(missing_ok=True)
     return dest
@@ -197,18 +197,15 @@ def run(args: argparse.Namespace) -> int:
     released = Path(args.wheel) if args.wheel else released_wheel(project, version)
     if not released.name.startswith(f"{project}-{version}-"):
         raise SeriesError(f"{released.name} is not a wheel of {project} {version}, the base")
-    out_dir = Path(args.out) if args.out else OUT_DIR
-    dest = build(
-        repo, base_mod.BASE_BRANCH, manifest.patch_paths(), released, manifest.version, out_dir
-    )
-    print(f"{dest}\n  {project} {version} with the {len(manifest.patches)} patches of series"
-          f" {manifest.version}; install it where {project}=={version} is (no dependency"
-          f" changes):\n  pip install --no-deps {dest}")  # fmt: skip
+    patches = manifest.patch_paths()
+    dest = build(repo, base_mod.BASE_BRANCH, patches, released, manifest.version)
+    print(f"{dest}: {project} {version} with the {len(patches)} patches of series"
+          f" {manifest.version}; install it where {project}=={version} is, keeping its"
+          f" dependencies:\n  pip install --no-deps {dest}")  # fmt: skip
     return 0
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("wheel", help="a patched vLLM wheel from the released one")
     p.add_argument("--wheel", help="the released wheel to patch (default: fetched into work/)")
-    p.add_argument("--out", help="folder to write the wheel into (default: work/wheel)")
     p.set_defaults(func=run)

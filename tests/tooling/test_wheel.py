@@ -137,6 +137,20 @@ def test_the_built_wheel_installs_the_patched_vllm(toy, tmp_path):
     )  # fmt: skip
     assert done.stdout.split() == ["2", "2", "1.0+instanttensor.v4"]
 
+    # The next series version's wheel takes the place of this one.
+    repo, patches, _applied, _ = toy
+    newer = wheel.build(
+        repo.path,
+        "main",
+        patches,
+        dest.parent.parent / "released" / f"vllm-1.0-{TAGS}.whl",
+        "5",
+        dest.parent,
+    )
+    assert sorted(dest.parent.iterdir()) == [newer] and newer.name.startswith(
+        "vllm-1.0+instanttensor.v5-"
+    )
+
 
 @pytest.mark.parametrize(
     "path, content",
