@@ -92,12 +92,10 @@ def series_files(base_repo: Path, base_branch: str, patches: Sequence[Path]) -> 
 
 def set_version(metadata: bytes, version: str) -> bytes:
     head, sep, body = metadata.partition(b"\n\n")
-    lines = head.split(b"\n")
-    at = [i for i, line in enumerate(lines) if line.startswith(b"Version:")]
-    if len(at) != 1:
+    head, n = re.subn(rb"(?m)^Version: .*$", b"Version: " + version.encode(), head)
+    if n != 1:
         raise SeriesError("the wheel's METADATA has no single Version field")
-    lines[at[0]] = b"Version: " + version.encode()
-    return b"\n".join(lines) + sep + body
+    return head + sep + body
 
 
 def build(
@@ -122,11 +120,15 @@ def build(
         if not {f"{info_dir}METADATA", f"{info_dir}RECORD"} <= names:
             raise SeriesError(f"{released} has no {info_dir}METADATA and RECORD: not a wheel")
         for path in sorted(series):  # nothing is written before every file matches
-            if (zin.read(path) if path in names else None) != blob(base_repo, base_commit, path):
+            have = zin.read(path) if path in names else None
+            want = blob(base_repo, base_commit, path)
+            if have != want:
+                how = ("is missing, unlike in" if have is None
+                       else "is in it, not in" if want is None else "differs from")  # fmt: skip
                 raise SeriesError(
-                    f"{path} in {released.name} differs from the base {project} {version} the"
-                    f" series applies to: refusing to replace it (is {released} the released"
-                    f" wheel of {project}=={version}?)"
+                    f"{path} in {released.name} {how} the base {project} {version} the series"
+                    f" applies to: refusing to build (is {released} the released wheel of"
+                    f" {project}=={version}?)"
                 )  # fmt: skip
         record = csv.reader(io.StringIO(zin.read(f"{info_dir}RECORD").decode()))
         hashes = {row[0]: row[1] for row in record if row}
@@ -150,18 +152,15 @@ def build(
                         with zin.open(info) as src:
                             rows.append(write(zout, new, iter(lambda: src.read(1 << 20), b"")))
                         if hashes.get(name, rows[-1][1]) not in ("", rows[-1][1]):
-                            raise SeriesError(
-                                f"{name} in {released} does not match its RECORD: a damaged"
-                                " download; delete the file and run again"
-                            )
+                            raise SeriesError(f"{name} in {released} does not match its"
+                                              " RECORD: a damaged download; delete it")  # fmt: skip
                 for path in sorted(p for p in series if p not in names):  # what the series adds
                     rows.append(write(zout, member(path), [series[path]]))
                 rows.append((renames[info_dir] + "RECORD", "", ""))
                 text = io.StringIO()
                 csv.writer(text, lineterminator="\n").writerows(rows)
-                zout.writestr(
-                    member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD")), text.getvalue()
-                )
+                record = member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD"))
+                zout.writestr(record, text.getvalue())
             partial.replace(dest)
             for older in set(out_dir.glob(f"{project}-*.whl")) - {dest}:
                 older.unlink()  # one wheel: `pip install work/wheel/vllm-*.whl` takes it

@@ -153,20 +153,22 @@ def test_the_built_wheel_installs_the_patched_vllm(toy, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "path, content",
+    "path, content, how",
     [
-        ("vllm/loader.py", b"def load(x):\n    return -x\n"),  # changed since the base
-        ("vllm/old.py", None),  # a file the series deletes is missing
-        ("vllm/added.py", b"ADDED = 2\n"),  # the release already has what the series adds
+        ("vllm/loader.py", b"def load(x):\n    return -x\n", "differs from"),
+        ("vllm/old.py", None, "is missing, unlike in"),  # a file the series deletes
+        ("vllm/added.py", b"ADDED = 2\n", "is in it, not in"),  # one the series adds
     ],
 )
-def test_a_touched_file_that_is_not_the_base_is_refused(toy, tmp_path, path, content):
+def test_a_touched_file_that_is_not_the_base_is_refused(toy, tmp_path, path, content, how):
     files = dict(toy[3])
     if content is None:
         del files[path]
     else:
         files[path] = content
-    with pytest.raises(SeriesError, match=f"^{path} in vllm-1.0-{TAGS}.whl differs from the base"):
+    with pytest.raises(
+        SeriesError, match=f"^{path} in vllm-1.0-{TAGS}.whl {how} the base vllm 1.0"
+    ):
         build(toy, files, tmp_path)
     assert not (tmp_path / "out").exists()
 
