@@ -22,6 +22,7 @@ FORCE ?=
 GROUP ?=
 SIGNOFF ?=
 DELETE ?=
+WHEEL ?=
 # The pinned base's version, as patches/series.json records it (a rebase changes it).
 BASE_VERSION := $(shell python3 -c 'import json; print(json.load(open("patches/series.json"))["base"]["version"])' 2>/dev/null)
 # Extra options passed through, e.g. ARGS='--accept 0002 --reason "test moved"'
@@ -34,10 +35,11 @@ opt = $(if $($(2)),$(1) "$$$(2)")
 no_patches = $(if $(PATCHES),$(error PATCHES= does not apply to `make $@`: $(1)))
 
 .PHONY: help venv base apply status remove export check-manifest check rebase compare restore \
-	test smoke test-tooling test-series lint device-bundle pr test-rebase-e2e
+	test smoke test-tooling test-series lint device-bundle pr test-rebase-e2e wheel
 
 # The first target: a bare `make` lists the targets (README.md: "Make targets").
 help:
+	@echo "make wheel [WHEEL=<released>]     a patched vLLM wheel in work/wheel/, from the released one"
 	@echo "make apply [VLLM=<checkout>]      materialise vLLM v$(BASE_VERSION) (or use VLLM=) and apply the series"
 	@echo "make status [VLLM=<checkout>]     which series version a checkout carries, on which base"
 	@echo "make remove [VLLM=<checkout>]     take the series out: back to where apply started (DELETE=1: drop its branch)"
@@ -139,6 +141,11 @@ lint: venv
 pr: venv
 	$(call no_patches,it exports a group of patches/)
 	$(SERIES) pr --group "$$GROUP" $(call opt,--vllm,VLLM) $(if $(SIGNOFF),--signoff)
+
+# The released wheel of the pinned version is fetched once into work/wheel-cache.
+wheel: venv
+	$(call no_patches,it builds from patches/)
+	$(SERIES) wheel $(call opt,--wheel,WHEEL)
 
 device-bundle: venv
 	$(call no_patches,it bundles patches/)

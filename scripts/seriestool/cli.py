@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "smoke",
     "pr",
     "device",
+    "wheel",
 )
 
 

@@ -461,7 +461,11 @@ def run(args: argparse.Namespace) -> int:
             f"bundle {mib(size)} + working tree {mib(tree)} exceed the device tool's"
             f" {mib(CARRY_LIMIT)} per call"
         )
-    print('\ndevice command (run tool, carry [".device"]): bash scripts/device/run_all.sh')
+    print(
+        "\nthen, on a GPU machine (README: GPU qualification):\n"
+        "  rsync -aR scripts/device .device gpu-host:series/\n"
+        "  ssh gpu-host 'cd series && OUT=$PWD/evidence bash scripts/device/run_all.sh'"
+    )
     return 0
 
 

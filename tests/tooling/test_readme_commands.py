@@ -20,6 +20,21 @@ BY_HAND = {
     "git add patches SERIES.md": "committing the rebased series in this repository",
     "git commit -m": "committing the rebased series in this repository",
     "--model-loader-extra-config": "continuation of a vllm serve line",
+    # The quick start: test_the_quick_start_installs_what_make_wheel_writes.
+    "pip install --no-deps work/wheel/": "installing the patched wheel where vLLM is",
+    "python3 -m venv ~/vllm-it": "a fresh environment for vLLM",
+    "~/vllm-it/bin/pip install": "installing vLLM, then the patched wheel over it",
+    "docker build -t vllm-instanttensor": "the container recipe",
+    "FROM vllm/vllm-openai:": "the container recipe's Dockerfile",
+    "COPY vllm-*.whl": "the container recipe's Dockerfile",
+    "RUN python3 -m pip install --no-deps": "the container recipe's Dockerfile",
+    "EOF": "the container recipe's Dockerfile",
+    "docker run --gpus all": "GPU-only: serving a model",
+    # The GPU qualification, on the user's own GPU machine.
+    "rsync -aR scripts/device .device": "copying the bundle to the GPU machine",
+    "ssh gpu-host": "GPU-only: the qualification",
+    "OUT=$PWD/evidence": "the rest of an ssh line: GPU-only",
+    "rsync -a gpu-host:": "copying the evidence back",
 }
 GPU_ONLY_TARGETS = {"device-bundle"}  # its block's other lines are device-tool calls (comments)
 
@@ -64,3 +79,33 @@ def test_a_bare_make_lists_every_target():
     targets, _ = _makefile()
     assert listed == targets - {"help"}
     assert ".venv" not in done.stderr  # nothing built
+
+
+def test_the_quick_start_installs_what_make_wheel_writes():
+    """The quick start's paths, versions and options are those of the code."""
+    import fnmatch
+
+    from seriestool import manifest as manifest_mod
+    from seriestool import wheel
+
+    text = (ROOT / "README.md").read_text()
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    manifest = manifest_mod.load()
+    version = manifest.base.version
+    built = f"vllm-{wheel.local_version(version, manifest.version)}-cp38-abi3-{wheel.PLATFORM}.whl"
+    assert wheel.OUT_DIR == ROOT / "work" / "wheel"
+    installs = re.findall(r"pip install (.*)", quick)
+    wheels = [w for line in installs for w in line.split() if w.endswith(".whl")]
+    assert len(wheels) == 3
+    for path in wheels:  # as the recipe runs it: from this folder, or in work/wheel
+        assert fnmatch.fnmatch(f"work/wheel/{built}", path) or fnmatch.fnmatch(
+            f"/tmp/{built}", path
+        )
+    assert all("--no-deps" in line for line in installs if ".whl" in line)
+    assert f"pip install vllm=={version}\n" in quick
+    assert f"FROM vllm/vllm-openai:v{version}\n" in quick and "-f - work/wheel <<'EOF'" in quick
+    assert f"`{version}+{wheel.LOCAL_LABEL}.v<N>`" in quick
+    # Every option the README names is one the patches define.
+    patches = "".join(p.read_text() for p in (ROOT / "patches").glob("*.patch"))
+    for key in set(re.findall(r"\b(instanttensor_[a-z_]+|INSTANTTENSOR_[A-Z_]+)", text)):
+        assert key in patches, key

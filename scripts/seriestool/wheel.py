@@ -1,0 +1,210 @@
+"""``wheel``: an installable patched vLLM, made from the released wheel of the base.
+
+The released wheel (``pip download --no-deps``, once, into ``work/wheel-cache``)
+must hold each ``vllm/`` file the series adds, changes or deletes exactly as
+the base does, else the build is refused, naming the file, before anything is
+written.  Those files are replaced; METADATA's version becomes a PEP 440 local
+version naming the series (``0.33.0+instanttensor.v4``, which ``vllm==0.33.0``
+accepts), the dist-info folder is renamed and RECORD rewritten.  Tags and all
+other files stay as released, each checked against the released RECORD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import io
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import base as base_mod
+from . import git as g
+from . import interrupts, patchset
+from . import manifest as manifest_mod
+from .device import changed_files
+from .errors import SeriesError
+
+CACHE_DIR = base_mod.WORK_DIR / "wheel-cache"
+OUT_DIR = base_mod.WORK_DIR / "wheel"
+LOCAL_LABEL = "instanttensor"
+PLATFORM = "manylinux_2_28_x86_64"  # the platform of the official vLLM image
+PACKAGE = "vllm/"  # what the wheel installs of the series' files
+ADDED_DATE = (2000, 1, 1, 0, 0, 0)  # zip date of files the series adds
+
+
+def local_version(version: str, series_version: str) -> str:
+    label = f"{LOCAL_LABEL}.v{series_version}".lower()
+    if not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
+        raise SeriesError(f"series version {series_version!r} makes no PEP 440 local version")
+    return f"{version}+{label}"
+
+
+def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=print) -> Path:
+    """The released wheel of ``project==version`` for PLATFORM, downloaded once."""
+    pattern = f"{project}-{version}-*.whl"
+    found = sorted(cache.glob(pattern))
+    if found:
+        return found[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {project}=={version}'s wheel from PyPI into {cache} (once; a few hundred MB)")
+    with tempfile.TemporaryDirectory(prefix="download-", dir=cache) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--platform", PLATFORM, "--disable-pip-version-check", "--progress-bar=off",
+               "-d", tmp, f"{project}=={version}"]  # fmt: skip
+        proc = interrupts.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob(pattern))
+        if proc.returncode != 0 or len(got) != 1:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+            raise SeriesError(
+                f"pip found no {PLATFORM} wheel of {project}=={version}:\n  " + "\n  ".join(detail)
+                + f"\ndownload one into {cache}, or name it with WHEEL=<path>"
+            )  # fmt: skip
+        return Path(shutil.move(str(got[0]), cache / got[0].name))
+
+
+def blob(repo: Path, rev: str, path: str) -> bytes | None:
+    proc = g.git(repo, "cat-file", "blob", f"{rev}:{path}", text=False, check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def series_files(base_repo: Path, base_branch: str, patches: Sequence[Path]) -> dict:
+    """``{path: content after the series, None if it deletes it}`` under PACKAGE,
+    from the series applied to a clone of the base as ``apply`` applies it."""
+    base_mod.WORK_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="wheel-", dir=base_mod.WORK_DIR) as tmp:
+        checkout = base_mod.clone(base_repo, Path(tmp) / "series", branch=base_branch)
+        base_commit = g.rev(checkout, "HEAD")
+        try:
+            patchset.am(checkout, patches)
+        except SeriesError as e:
+            raise SeriesError(f"the series does not apply to the base: {e}") from None
+        changed, deleted = changed_files(checkout, base_commit)
+        files: dict = {p: blob(checkout, "HEAD", p) for p in changed if p.startswith(PACKAGE)}
+        return files | {p: None for p in deleted if p.startswith(PACKAGE)}
+
+
+def set_version(metadata: bytes, version: str) -> bytes:
+    head, sep, body = metadata.partition(b"\n\n")
+    head, n = re.subn(rb"(?m)^Version: .*$", b"Version: " + version.encode(), head)
+    if n != 1:
+        raise SeriesError("the wheel's METADATA has no single Version field")
+    return head + sep + body
+
+
+def build(
+    base_repo: Path,
+    base_branch: str,
+    patches: Sequence[Path],
+    released: Path,
+    series_version: str,
+    out_dir: Path = OUT_DIR,
+) -> Path:
+    """Write the patched wheel into ``out_dir``, in place of any other wheel of the
+    project there; returns its path."""
+    project, version, tags = released.name[: -len(".whl")].split("-", 2)
+    new_version = local_version(version, series_version)
+    info_dir = f"{project}-{version}.dist-info/"
+    renames = {f"{project}-{version}.{kind}/": f"{project}-{new_version}.{kind}/"
+               for kind in ("dist-info", "data")}  # fmt: skip
+    base_commit = g.rev(base_repo, base_branch)
+    series = series_files(base_repo, base_branch, patches)
+    with zipfile.ZipFile(released) as zin:
+        names = set(zin.namelist())
+        if not {f"{info_dir}METADATA", f"{info_dir}RECORD"} <= names:
+            raise SeriesError(f"{released} has no {info_dir}METADATA and RECORD: not a wheel")
+        for path in sorted(series):  # nothing is written before every file matches
+            have = zin.read(path) if path in names else None
+            want = blob(base_repo, base_commit, path)
+            if have != want:
+                how = ("is missing, unlike in" if have is None
+                       else "is in it, not in" if want is None else "differs from")  # fmt: skip
+                raise SeriesError(
+                    f"{path} in {released.name} {how} the base {project} {version} the series"
+                    f" applies to: refusing to build (is {released} the released wheel of"
+                    f" {project}=={version}?)"
+                )  # fmt: skip
+        record = csv.reader(io.StringIO(zin.read(f"{info_dir}RECORD").decode()))
+        hashes = {row[0]: row[1] for row in record if row}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dest = out_dir / f"{project}-{new_version}-{tags}.whl"
+        partial = dest.with_name(dest.name + ".partial")
+        try:
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zout:
+                rows = []
+                for info in zin.infolist():
+                    name = info.filename
+                    if name.startswith(f"{info_dir}RECORD") or series.get(name, b"") is None:
+                        continue  # rewritten below (a signature would not hold), or deleted
+                    old = next((o for o in renames if name.startswith(o)), None)
+                    new = member(renames[old] + name[len(old) :] if old else name, info)
+                    if name in series:
+                        rows.append(write(zout, new, [series[name]]))
+                    elif name == f"{info_dir}METADATA":
+                        rows.append(write(zout, new, [set_version(zin.read(name), new_version)]))
+                    else:
+                        with zin.open(info) as src:
+                            rows.append(write(zout, new, iter(lambda: src.read(1 << 20), b"")))
+                        if hashes.get(name, rows[-1][1]) not in ("", rows[-1][1]):
+                            raise SeriesError(f"{name} in {released} does not match its"
+                                              " RECORD: a damaged download; delete it")  # fmt: skip
+                for path in sorted(p for p in series if p not in names):  # what the series adds
+                    rows.append(write(zout, member(path), [series[path]]))
+                rows.append((renames[info_dir] + "RECORD", "", ""))
+                text = io.StringIO()
+                csv.writer(text, lineterminator="\n").writerows(rows)
+                record = member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD"))
+                zout.writestr(record, text.getvalue())
+            partial.replace(dest)
+            for older in set(out_dir.glob(f"{project}-*.whl")) - {dest}:
+                older.unlink()  # one wheel: `pip install work/wheel/vllm-*.whl` takes it
+        finally:
+            partial.unlink(missing_ok=True)
+    return dest
+
+
+def member(name: str, like: zipfile.ZipInfo | None = None) -> zipfile.ZipInfo:
+    """A zip entry named ``name`` with ``like``'s date and mode (else fixed ones)."""
+    info = zipfile.ZipInfo(name, like.date_time if like else ADDED_DATE)
+    info.external_attr = like.external_attr if like else 0o100644 << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def write(zout: zipfile.ZipFile, info: zipfile.ZipInfo, chunks) -> tuple[str, str, str]:
+    """Write one member from ``chunks`` of bytes; returns its RECORD row."""
+    digest, size = hashlib.sha256(), 0
+    with zout.open(info, "w") as f:
+        for chunk in chunks:
+            digest.update(chunk)
+            size += len(chunk)
+            f.write(chunk)
+    encoded = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    return info.filename, f"sha256={encoded}", str(size)
+
+
+def run(args: argparse.Namespace) -> int:
+    manifest = manifest_mod.load()
+    repo, _commit, _sha = base_mod.materialise_pinned(manifest)
+    project, version = manifest.base.project, manifest.base.version
+    released = Path(args.wheel) if args.wheel else released_wheel(project, version)
+    if not released.name.startswith(f"{project}-{version}-"):
+        raise SeriesError(f"{released.name} is not a wheel of {project} {version}, the base")
+    patches = manifest.patch_paths()
+    dest = build(repo, base_mod.BASE_BRANCH, patches, released, manifest.version)
+    print(f"{dest}: {project} {version} with the {len(patches)} patches of series"
+          f" {manifest.version}; install it where {project}=={version} is, keeping its"
+          f" dependencies:\n  pip install --no-deps {dest}")  # fmt: skip
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("wheel", help="a patched vLLM wheel from the released one")
+    p.add_argument("--wheel", help="the released wheel to patch (default: fetched into work/)")
+    p.set_defaults(func=run)

@@ -1,0 +1,220 @@
+"""``make wheel``: a patched vLLM wheel from the released one.
+
+The tests build from a small stand-in wheel of the released layout (``vllm/``
+files as the base has them, a dist-info folder with METADATA, WHEEL and
+RECORD), install the result with pip into a fresh venv and compare what is
+installed with the series applied by plain ``git am``.  The released vLLM
+wheel (hundreds of MB) is used only when ``make wheel`` has already cached it.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+from seriestool import base as base_mod
+from seriestool import manifest as manifest_mod
+from seriestool import wheel
+from seriestool.errors import SeriesError
+
+BASE = {
+    "vllm/__init__.py": "",
+    "vllm/loader.py": "def load(x):\n    return x\n",
+    "vllm/old.py": "OLD = 1\n",
+    "vllm/kept.py": "KEPT = 1\n",
+    "docs/readme.md": "docs\n",
+    "tests/test_loader.py": "def test_load():\n    pass\n",
+}
+TAGS = "py3-none-any"
+
+
+def record_row(name: str, data: bytes) -> list[str]:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return [name, f"sha256={digest}", str(len(data))]
+
+
+def make_standin(path: Path, files: dict[str, bytes], version: str = "1.0") -> Path:
+    """A wheel laid out as vLLM's: the package, then dist-info with RECORD last."""
+    info = f"vllm-{version}.dist-info/"
+    members = {
+        **files,
+        f"{info}METADATA": f"Metadata-Version: 2.4\nName: vllm\nVersion: {version}\n\nAbout.\n",
+        f"{info}WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {TAGS}\n",
+        f"{info}entry_points.txt": "[console_scripts]\nvllm = vllm.loader:load\n",
+    }
+    members = {k: v.encode() if isinstance(v, str) else v for k, v in members.items()}
+    rows = [record_row(n, d) for n, d in members.items()] + [[f"{info}RECORD", "", ""]]
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(rows)
+    dest = path / f"vllm-{version}-{TAGS}.whl"
+    path.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+        zf.writestr(f"{info}RECORD", text.getvalue())
+    return dest
+
+
+@pytest.fixture
+def toy(make_repo, tmp_path, monkeypatch):
+    """A vLLM-shaped base, a series that changes, adds and deletes vllm/ files
+    (and touches docs and tests), the same tree applied by git am, and a
+    stand-in released wheel of the base."""
+    monkeypatch.setattr(base_mod, "WORK_DIR", tmp_path / "work")
+    repo = make_repo("upstream", BASE)
+    base = repo.head()
+    repo.git("checkout", "-q", "-b", "work")
+    one = {"vllm/loader.py": "def load(x):\n    return x + 1\n", "docs/readme.md": "docs 2\n"}
+    repo.commit("[Loader] one", one)
+    two = {"vllm/added.py": "ADDED = 2\n", "vllm/old.py": None, "tests/test_added.py": "pass\n"}
+    repo.commit("[Loader] two", two)
+    patch_dir = tmp_path / "patches"
+    subprocess.run(["git", "-C", str(repo.path), "format-patch", "-q", "-o", str(patch_dir),
+                    f"{base}..work"], check=True)  # fmt: skip
+    applied = base_mod.clone(repo.path, tmp_path / "applied", branch="work")
+    repo.git("checkout", "-q", "main")
+    files = {k: v.encode() for k, v in BASE.items() if k.startswith("vllm/")}
+    files["vllm/_C.abi3.so"] = bytes(range(256)) * 64  # a binary member, copied as is
+    return repo, sorted(patch_dir.glob("*.patch")), applied, files
+
+
+def build(toy, files, tmp_path, **kw):
+    repo, patches, _applied, _ = toy
+    released = make_standin(tmp_path / "released", files)
+    return wheel.build(repo.path, "main", patches, released, "4", tmp_path / "out", **kw)
+
+
+def check_record(path: Path) -> dict[str, bytes]:
+    """Every member's RECORD row is its sha256 and size; returns the members."""
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    record = next(n for n in members if n.endswith(".dist-info/RECORD"))
+    rows = list(csv.reader(io.StringIO(members[record].decode())))
+    assert {r[0] for r in rows} == set(members)
+    assert all(r == record_row(r[0], members[r[0]]) for r in rows if r[0] != record)
+    return members
+
+
+def test_the_built_wheel_installs_the_patched_vllm(toy, tmp_path):
+    _repo, _patches, applied, files = toy
+    dest = build(toy, files, tmp_path)
+    assert dest.name == f"vllm-1.0+instanttensor.v4-{TAGS}.whl"
+    members = check_record(dest)
+    info = "vllm-1.0+instanttensor.v4.dist-info/"
+    assert b"\nVersion: 1.0+instanttensor.v4\n" in members[f"{info}METADATA"]
+    assert (
+        members[f"{info}WHEEL"]
+        == f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {TAGS}\n".encode()
+    )
+    assert not [n for n in members if n.startswith("vllm-1.0.dist-info/")]
+
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    python = env / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-index", "--disable-pip-version-check", str(dest)],
+                   check=True)  # fmt: skip
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
+    site = Path(site.stdout.strip())
+    for path in ("vllm/loader.py", "vllm/added.py", "vllm/kept.py", "vllm/__init__.py"):
+        assert (site / path).read_bytes() == (applied / path).read_bytes(), path
+    assert not (site / "vllm/old.py").exists()
+    assert (site / "vllm/_C.abi3.so").read_bytes() == files["vllm/_C.abi3.so"]
+    assert not (site / "docs").exists() and not (site / "tests").exists()
+    done = subprocess.run(
+        [python, "-c", "import importlib.metadata as m, vllm.added, vllm.loader;"
+         " print(vllm.loader.load(1), vllm.added.ADDED, m.version('vllm'))"],
+        capture_output=True, text=True, cwd=tmp_path, check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == ["2", "2", "1.0+instanttensor.v4"]
+
+    # The next series version's wheel takes the place of this one.
+    repo, patches, _applied, _ = toy
+    newer = wheel.build(
+        repo.path,
+        "main",
+        patches,
+        dest.parent.parent / "released" / f"vllm-1.0-{TAGS}.whl",
+        "5",
+        dest.parent,
+    )
+    assert sorted(dest.parent.iterdir()) == [newer] and newer.name.startswith(
+        "vllm-1.0+instanttensor.v5-"
+    )
+
+
+@pytest.mark.parametrize(
+    "path, content, how",
+    [
+        ("vllm/loader.py", b"def load(x):\n    return -x\n", "differs from"),
+        ("vllm/old.py", None, "is missing, unlike in"),  # a file the series deletes
+        ("vllm/added.py", b"ADDED = 2\n", "is in it, not in"),  # one the series adds
+    ],
+)
+def test_a_touched_file_that_is_not_the_base_is_refused(toy, tmp_path, path, content, how):
+    files = dict(toy[3])
+    if content is None:
+        del files[path]
+    else:
+        files[path] = content
+    with pytest.raises(
+        SeriesError, match=f"^{path} in vllm-1.0-{TAGS}.whl {how} the base vllm 1.0"
+    ):
+        build(toy, files, tmp_path)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_member_that_does_not_match_the_release_record_is_refused(toy, tmp_path):
+    files = dict(toy[3])
+    released = make_standin(tmp_path / "released", files)
+    damaged = tmp_path / "damaged" / released.name
+    damaged.parent.mkdir()
+    with zipfile.ZipFile(released) as zin, zipfile.ZipFile(damaged, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item)
+            zout.writestr(item, b"KEPT = 2\n" if item.filename == "vllm/kept.py" else data)
+    repo, patches, _applied, _ = toy
+    with pytest.raises(SeriesError, match="vllm/kept.py in .* does not match its RECORD"):
+        wheel.build(repo.path, "main", patches, damaged, "4", tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_the_local_version_names_the_series_and_keeps_the_pin():
+    specifiers = pytest.importorskip("packaging.specifiers")
+    version = wheel.local_version("0.33.0", "4")
+    assert version == "0.33.0+instanttensor.v4"
+    assert specifiers.SpecifierSet("==0.33.0").contains(version)
+    with pytest.raises(SeriesError, match="no PEP 440 local version"):
+        wheel.local_version("0.33.0", "4-rc 1")
+
+
+def test_the_released_wheel_when_cached(tmp_path):
+    """The pinned release, end to end, when ``make wheel`` has fetched it."""
+    manifest = manifest_mod.load()
+    project, version = manifest.base.project, manifest.base.version
+    released = sorted(wheel.CACHE_DIR.glob(f"{project}-{version}-*.whl"))
+    repo = base_mod.base_repo_path(project, version)
+    if not released or not repo.exists():
+        pytest.skip(f"no released wheel in {wheel.CACHE_DIR} or no base: run `make wheel` first")
+    dest = wheel.build(repo, base_mod.BASE_BRANCH, manifest.patch_paths(), released[0],
+                       manifest.version, tmp_path / "out")  # fmt: skip
+    applied = base_mod.clone(repo, tmp_path / "applied")
+    subprocess.run(["git", "-C", str(applied), "-c", "user.name=t", "-c", "user.email=t@t", "am",
+                    "-q", *map(str, manifest.patch_paths())], check=True)  # fmt: skip
+    touched = subprocess.run(["git", "-C", str(applied), "diff", "--name-status", "--no-renames",
+                              "origin/base", "HEAD", "--", "vllm/"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    touched = touched.stdout.splitlines()
+    members = check_record(dest)
+    for kind, path in (line.split("\t") for line in touched):
+        assert members.get(path) == (None if kind == "D" else (applied / path).read_bytes()), path
+    assert len(touched) > 0
