@@ -252,6 +252,17 @@ def evaluate_targets(res: dict) -> list[dict]:
             series is not None and base is not None and series <= base,
             "v1: 352 with its release patch, 448 in v0.33.0's order",
         )
+    cpu = res.get("deferred", {}).get("cpu_sources_peak", {})
+    if cpu:
+        r = cpu.get("ratio")
+        add(
+            "peak device memory, layerwise load from CPU sources, series / v0.33.0",
+            "<= 1.00",
+            r,
+            r is not None and r <= 1.00,
+            f"base {fmt(mib_of(cpu.get('base')))} MiB, series {fmt(mib_of(cpu.get('series')))}"
+            " MiB; a padded layer completes only in finalize",
+        )
     many = res.get("many", {})
     for label, c in many.get("configs", {}).items():
         if "ratio_vs_base" in c and not label.startswith("base"):

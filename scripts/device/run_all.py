@@ -656,6 +656,7 @@ def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict], until: flo
             run.problem(f"processing peak on {wname}: {json.dumps(results)[:600]}")
         peaks[wname] = max((r["peak_bytes"] for r in ok), default=None)
     out["processing_peak"] = peaks
+    out["cpu_sources_peak"] = bench_cpu_sources(run, W)
     for tp in (1, TP):
         for label, wname, env in configs:
             if wname not in W:
@@ -682,6 +683,22 @@ def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict], until: flo
             s["copy_args"] = sorted({str(rd["copy"]) for r in ok for rd in r["readers"]})
             s["tree"] = W[wname].tree_label
             out["configs"][key] = s
+    return out
+
+
+def bench_cpu_sources(run: Run, W: dict) -> dict:
+    """Peak device memory over a whole layerwise load from CPU sources, with a
+    padded layer that completes only in finalize (worker op
+    ``cpu_sources_peak``), base and series, twice each: the larger of the two,
+    and series / base."""
+    out: dict = {"shape": SIZES["layer_shape"]}
+    for wname in ("base", "series"):
+        results = [W[wname].call("cpu_sources_peak", shape=SIZES["layer_shape"]) for _ in range(2)]
+        ok = [r for r in results if "error" not in r]
+        if len(ok) < len(results) or not all(r["processed"] for r in ok):
+            run.problem(f"cpu sources peak on {wname}: {json.dumps(results)[:600]}")
+        out[wname] = max((r["peak_bytes"] for r in ok), default=None)
+    out["ratio"] = common.ratio(out["series"], out["base"])
     return out
 
 
@@ -1318,6 +1335,12 @@ def print_table(res: dict) -> None:
         print(
             f"processing one layer {peaks.get('shape')}: peak base {mib(peaks.get('base'))} MiB,"
             f" series {mib(peaks.get('series'))} MiB"
+        )
+    cpu = res.get("deferred", {}).get("cpu_sources_peak", {})
+    if cpu:
+        print(
+            f"layerwise load from CPU sources: peak base {mib(cpu.get('base'))} MiB, series "
+            f"{mib(cpu.get('series'))} MiB, series / base {fmt(cpu.get('ratio'), 3)}"
         )
     for label, c in res.get("deferred", {}).get("configs", {}).items():
         bound = c.get("tp_local_bound_bytes")

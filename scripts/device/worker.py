@@ -698,14 +698,73 @@ def quantize_to_fp8(layer) -> None:
         layer.register_parameter(name, torch.nn.Parameter(output, requires_grad=False))
 
 
-def op_processing_peak(cmd: dict) -> dict:
-    """Peak memory while one layer is loaded and processed: four bf16
-    parameters (``shape``, default 4096 x 4096: 32 MiB each) loaded from
-    device sources, one call each, through layerwise online processing whose
-    processing quantizes them to fp8.  The peak is the bytes allocated above
-    the start, from the first call until processing has run.  v0.33.0 keeps
-    the queued sources until processing returns; the series loads each
-    source at its call and keeps none."""
+def op_cpu_sources_peak(cmd: dict) -> dict:
+    """Peak device memory over a whole layerwise load from CPU sources: a padded
+    ``lm_head``-like layer first (its loader leaves the padding rows unwritten,
+    so it completes only in finalize), then two layers of four bf16 parameters
+    (``shape``), each processed to fp8 when complete.  The peak is the bytes
+    allocated above the start from the first call until finalize returns (on
+    CPU: the bytes ``materialize_meta_tensor`` allocated and still alive).
+    v0.33.0 queues CPU sources and materializes a layer when it completes."""
+    import weakref
+
+    from vllm.model_executor.model_loader.reload import meta
+
+    def rows_loader(param, loaded_weight):
+        param.data[: loaded_weight.shape[0]].copy_(loaded_weight)
+
+    rows, cols = (int(n) for n in cmd.get("shape", (4096, 4096)))
+    method = fp8_hook_quant_method()
+    specs = {"lm_head": {"weight": (2 * rows + 64, cols // 2)}}
+    specs.update({f"layer{i}": {f"w{j}": (rows, cols) for j in range(4)} for i in range(2)})
+    model = torch.nn.Module()
+    for mod_name, params in specs.items():
+        mod = torch.nn.Module()
+        mod.quant_method = method
+        for name, shape in params.items():
+            param = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+            param = torch.nn.Parameter(param, requires_grad=False)
+            param.weight_loader = rows_loader
+            mod.register_parameter(name, param)
+        model.add_module(mod_name, mod)
+        with torch.device(DEVICE):
+            layerwise.initialize_online_processing(mod)
+    live = {"now": 0, "peak": 0}
+    materialize = meta.materialize_meta_tensor
+
+    def counting(meta_tensor):
+        tensor = materialize(meta_tensor)
+        live["now"] += tensor.nbytes
+        live["peak"] = max(live["peak"], live["now"])
+        weakref.finalize(tensor, lambda n=tensor.nbytes: live.__setitem__("now", live["now"] - n))
+        return tensor
+
+    meta.materialize_meta_tensor = counting
+    sync()
+    empty_cache()
+    reset_peak()
+    start = allocated()
+    try:
+        for mod_name, params in specs.items():
+            for name, shape in params.items():
+                param = getattr(getattr(model, mod_name), name)
+                loaded = rows * 2 if mod_name == "lm_head" else shape[0]
+                source = torch.full((loaded, shape[1]), 1.0, dtype=torch.bfloat16)  # CPU
+                param.weight_loader(param, source)
+                del source, param
+        layerwise.finalize_layerwise_processing(model, None)
+    finally:
+        meta.materialize_meta_tensor = materialize
+    sync()
+    peak = max_allocated() - start if DEVICE == "cuda" else live["peak"]
+    processed = all(p.dtype == torch.float8_e4m3fn for p in model.parameters())
+    del model
+    empty_cache()
+    return {"shape": [rows, cols], "peak_bytes": peak, "processed": processed}
+
+
+def fp8_hook_quant_method():
+    """A quant method whose processing is ``quantize_to_fp8``."""
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
     from vllm.platforms import current_platform
 
@@ -737,10 +796,21 @@ def op_processing_peak(cmd: dict) -> dict:
         def process_weights_after_loading(self, layer):
             quantize_to_fp8(layer)
 
+    return HookQuantMethod()
+
+
+def op_processing_peak(cmd: dict) -> dict:
+    """Peak memory while one layer is loaded and processed: four bf16
+    parameters (``shape``, default 4096 x 4096: 32 MiB each) loaded from
+    device sources, one call each, through layerwise online processing whose
+    processing quantizes them to fp8.  The peak is the bytes allocated above
+    the start, from the first call until processing has run.  v0.33.0 keeps
+    the queued sources until processing returns; the series loads each
+    source at its call and keeps none."""
     shape = tuple(cmd.get("shape", (4096, 4096)))
     names = [f"w{i}" for i in range(4)]
     layer = torch.nn.Module()
-    layer.quant_method = HookQuantMethod()
+    layer.quant_method = fp8_hook_quant_method()
     for name in names:
         param = torch.nn.Parameter(
             torch.empty(shape, dtype=torch.bfloat16, device="meta"), requires_grad=False
@@ -873,6 +943,7 @@ OPS = {
     "pinned_read": op_pinned_read,
     "profile_first": op_profile_first,
     "processing_peak": op_processing_peak,
+    "cpu_sources_peak": op_cpu_sources_peak,
 }
 
 

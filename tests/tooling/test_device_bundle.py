@@ -710,6 +710,8 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
         assert "error" not in deferred[key], key
     peaks = res["deferred"]["processing_peak"]
     assert peaks["shape"] == [256, 256] and "base" in peaks and "series" in peaks
+    cpu = res["deferred"]["cpu_sources_peak"]
+    assert cpu["base"] > 0 and cpu["ratio"] is not None  # materialized bytes on CPU
     whole, local = deferred["series COPY=0"], deferred["series COPY=0 tp=8"]
     assert local["tp_local_bound_bytes"] * 8 == whole["tp_local_bound_bytes"]
     assert local["materialised_bytes"] < whole["materialised_bytes"] / 4
@@ -726,7 +728,7 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     assert all("first_tensor_s" in p for p in res["many"]["profile_first"].values())
 
     targets = {t["name"]: t for t in res["targets"]}
-    assert len(targets) == 19 and not any("ambitious" in name for name in targets)
+    assert len(targets) == 20 and not any("ambitious" in name for name in targets)
     for name, t in targets.items():
         assert t["value"] is not None, name
     summary = (tmp_path / "out" / "summary.md").read_text()
