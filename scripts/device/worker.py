@@ -224,19 +224,30 @@ def op_info(cmd: dict) -> dict:
 
 @contextlib.contextmanager
 def retention_check(enabled: bool):
-    """With ``enabled`` false, the series' retention check of borrowed tensors
-    is replaced by a pass-through for the duration (to measure its cost).  A
-    tree without the check is left as it is.  Yields whether the check was
-    switched off, so that a renamed check cannot pass for a disabled one."""
-    original = getattr(weight_utils, "_check_borrowed_weights_released", None)
-    if enabled or original is None:
+    """With ``enabled`` false, the series' handling of borrowed tensors (their
+    release where InstantTensor moves past them and the check of what still
+    refers to their storage) is replaced by a pass-through that only marks
+    them, for the duration (to measure its cost).  A tree without it is left
+    as it is.  Yields whether it was switched off, so that a renamed function
+    cannot pass for a disabled one."""
+    names = ("_borrowed_views", "_check_released")
+    originals = {name: getattr(weight_utils, name, None) for name in names}
+    if enabled or None in originals.values():
         yield False
         return
-    weight_utils._check_borrowed_weights_released = lambda weights: weights
+
+    def marked(weights, past):
+        for name, tensor in weights:
+            setattr(tensor, weight_utils.BORROWED_WEIGHT_ATTR, True)
+            yield name, tensor
+
+    weight_utils._borrowed_views = marked
+    weight_utils._check_released = lambda past: None
     try:
         yield True
     finally:
-        weight_utils._check_borrowed_weights_released = original
+        for name, original in originals.items():
+            setattr(weight_utils, name, original)
 
 
 @contextlib.contextmanager
