@@ -639,7 +639,8 @@ def pieces_configs(kind: str, largest: int) -> list:
     series' bounded path before pieces (worker op ``load``, ``pieces="off"``),
     side by side: at the 64 MiB bound and at twice the checkpoint's largest
     tensor, pinned staging on, and unbounded.  On the staging checkpoint also
-    borrowed mode and the piece size (bound / 2 and bound / 8)."""
+    borrowed mode and the piece size (bound / 2 and bound / 8); on the heavy
+    one the pinned reader's threads beside InstantTensor's (8 and 24)."""
     rows = [("series unbound", "series", {"env": {}})]
     for label, bound in (("bound", SIZES["bound"]), ("2x largest", 2 * largest)):
         kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(bound)}, "extra": PINNED}
@@ -651,6 +652,12 @@ def pieces_configs(kind: str, largest: int) -> list:
         rows.append(("series bound, pieces, borrowed", "series", {**kw, "extra": borrowed}))
         for n in (2, 8):
             rows.append((f"series bound, pieces of bound/{n}", "series", {**kw, "pieces": n}))
+    else:
+        kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}}
+        for n in (8, 24):
+            extra = {**PINNED, "instanttensor_read_threads": n}
+            label = f"series bound, pieces, {n} read threads"
+            rows.append((label, "series", {**kw, "extra": extra}))
     return rows
 
 
