@@ -293,7 +293,77 @@ def evaluate_targets(res: dict) -> list[dict]:
             all(b == 0 for b in bad),
             f"{len(checked)} configurations",
         )
+    pieces_targets(res, add)
     return targets
+
+
+# Largest ratios to the unbounded load, same run, with tensors above a quarter
+# of the 64 MiB bound streamed in pieces (pinned staging on, copy mode).
+PIECES_TARGETS = {"staging": 1.10, "heavy": 1.30}
+
+
+def pieces_targets(res: dict, add) -> None:
+    """The ``pieces`` phase: each checkpoint's bounded load with pieces against
+    the unbounded one; the ring within the bound; peak GPU memory no higher
+    than the same bound with whole tensors (the series' path before pieces)."""
+    if "pieces" in set(res.get("skipped_phases", [])):
+        return
+    for kind, limit in PIECES_TARGETS.items():
+        c = res.get("pieces", {}).get(kind, {}).get("configs", {})
+        pieced, whole = c.get("series bound, pieces", {}), c.get("series bound, whole tensors", {})
+        r = pieced.get("ratio_vs_unbound")
+        add(
+            f"{kind} checkpoint, 64 MiB bound, pieces / unbounded",
+            f"<= {limit:.2f}",
+            r,
+            r is not None and r <= limit,
+            f"whole tensors {fmt(whole.get('ratio_vs_unbound'))}",
+        )
+        bound = res.get("pieces", {}).get(kind, {}).get("bound_bytes") or 64 * common.MiB
+        ring = pieced.get("ring_bytes")
+        add(
+            f"{kind} checkpoint, ring with pieces (MiB)",
+            f"<= bound {bound / common.MiB:.0f}",
+            None if ring is None else ring / common.MiB,
+            ring is not None and ring <= bound,
+        )
+        peaks = pieced.get("peak_used_delta"), whole.get("peak_used_delta")
+        extra = None if None in peaks else peaks[0] - peaks[1]
+        add(
+            f"{kind} checkpoint, peak GPU memory, pieces minus whole tensors (MiB)",
+            f"<= {PEAK_SLACK / common.MiB:.0f}",
+            None if extra is None else extra / common.MiB,
+            extra is not None and extra <= PEAK_SLACK,
+            "mem_get_info, 64 MiB bound",
+        )
+
+
+def render_pieces(res: dict) -> list[str]:
+    """The ``pieces`` phase's table per checkpoint."""
+    out = []
+    for kind, st in res.get("pieces", {}).items():
+        if not st.get("configs"):
+            continue
+        out.append(
+            f"## Pieces through the ring: {kind} checkpoint ({fmt(st.get('checkpoint_gib'))}"
+            f" GiB; median of {st.get('rounds')} interleaved runs)\n"
+        )
+        rows = [
+            [
+                label,
+                c.get("ratio_vs_unbound"),
+                mib(c.get("ring_bytes")),
+                mib(c.get("peak_used_delta")),
+                mib(c.get("peak_host_delta")),
+                mib(c.get("cpu_bytes")),
+                (c.get("verify") or {}).get("n_mismatches"),
+            ]
+            for label, c in st["configs"].items()
+        ]
+        headers = ["config", "time × unbound", "ring MiB", "peak GPU MiB", "peak host MiB"]
+        out.append(md_table([*headers, "CPU MiB", "mismatches"], rows))
+        out.append("")
+    return out
 
 
 # --- rendering ---------------------------------------------------------------------
@@ -488,6 +558,7 @@ def render_summary(res: dict) -> str:
             out.append(f"\nNot run: {label}")
         out.append("")
 
+    out += render_pieces(res)
     pr = res.get("pinned_read", {})
     if pr.get("methods"):
         out.append(

@@ -43,6 +43,11 @@ interleaved between the workers, and the report:
                first tensor, us per tensor); the retention check's cost with
                that consumer at stack depth 1 and 60 (20 of the shards)
   tuning       InstantTensor's own knobs (skipped unless ``--skip`` omits it)
+  pieces       tensors above a quarter of the bound in pieces against whole,
+               side by side, staging and heavy checkpoints, at the 64 MiB bound
+               and at twice the largest tensor, unbounded in the same run:
+               time x unbound, ring, peak GPU and host memory (skipped unless
+               selected: ``--only pieces``)
 
 ``--only many`` runs one benchmark alone (no tests; only its checkpoint is
 written): ``bash scripts/device/run_all.sh --only many``, about 4 minutes.
@@ -406,6 +411,7 @@ PHASE_SECONDS = {
     "pinned_read": 25,
     "many": 160,
     "tuning": 30,
+    "pieces": 120,
 }
 # The checkpoints, in the order they are written, and those each phase reads
 # (staging and heavy link synthetic's shards).
@@ -419,6 +425,7 @@ CHECKPOINTS = {
     "pinned_read": ["synthetic", "staging"],
     "many": ["many"],
     "tuning": ["synthetic"],
+    "pieces": ["synthetic", "staging", "heavy"],
 }
 
 
@@ -576,7 +583,9 @@ def bounded_configs(kind: str) -> list:
 BOUNDED_REPEATS = 3  # timed rounds of the bounded benchmarks
 
 
-def bench_bounded(run: Run, W: dict, ck: dict, kind: str, until: float) -> dict:
+def bench_bounded(
+    run: Run, W: dict, ck: dict, kind: str, until: float, configs: list | None = None
+) -> dict:
     """A staging bound (``SIZES["bound"]``): base and series, unbounded,
     bounded with the pageable CPU fallback, bounded with pinned staging.  One
     verified load per configuration (it counts for memory, not time), then
@@ -594,7 +603,7 @@ def bench_bounded(run: Run, W: dict, ck: dict, kind: str, until: float) -> dict:
         "rounds": 0,
         "configs": {},
     }
-    configs = runnable(run, bounded_configs(kind), out)
+    configs = runnable(run, configs or bounded_configs(kind), out)
     runs: dict[str, list] = {label: [] for label, _, _ in configs}
     verify = {}
     for label, wname, kw in configs:
@@ -613,6 +622,7 @@ def bench_bounded(run: Run, W: dict, ck: dict, kind: str, until: float) -> dict:
         everything = [r for r in runs[label] + timed[label] if "error" not in r]
         s["peak_used_delta"] = max((r["peak_used_delta"] for r in everything), default=None)
         s["torch_peak_delta"] = max((r["torch_peak_delta"] for r in everything), default=None)
+        s["peak_host_delta"] = max((r.get("peak_host_delta", 0) for r in everything), default=None)
         rings = [rd["buffer_size"] for r in everything for rd in r.get("readers", [])]
         s["ring_bytes"] = max(rings, default=None)
         s["tree"] = W[wname].tree_label
@@ -621,6 +631,45 @@ def bench_bounded(run: Run, W: dict, ck: dict, kind: str, until: float) -> dict:
     for label, s in out["configs"].items():
         unbound = out["configs"].get(f"{label.split()[0]} unbound", {})
         s["ratio_vs_unbound"] = common.ratio(s["median_s"], unbound.get("median_s"))
+    return out
+
+
+def pieces_configs(kind: str, largest: int) -> list:
+    """Tensors above a quarter of the bound streamed in pieces against the
+    series' bounded path before pieces (worker op ``load``, ``pieces="off"``),
+    side by side: at the 64 MiB bound and at twice the checkpoint's largest
+    tensor, pinned staging on, and unbounded.  On the staging checkpoint also
+    borrowed mode and the piece size (bound / 2 and bound / 8); on the heavy
+    one the pinned reader's threads beside InstantTensor's (8 and 24)."""
+    rows = [("series unbound", "series", {"env": {}})]
+    for label, bound in (("bound", SIZES["bound"]), ("2x largest", 2 * largest)):
+        kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(bound)}, "extra": PINNED}
+        rows.append((f"series {label}, whole tensors", "series", {**kw, "pieces": "off"}))
+        rows.append((f"series {label}, pieces", "series", kw))
+    if kind == "staging":
+        kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}, "extra": PINNED}
+        borrowed = {**PINNED, "instanttensor_copy": False}
+        rows.append(("series bound, pieces, borrowed", "series", {**kw, "extra": borrowed}))
+        for n in (2, 8):
+            rows.append((f"series bound, pieces of bound/{n}", "series", {**kw, "pieces": n}))
+    else:
+        kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}}
+        for n in (8, 24):
+            extra = {**PINNED, "instanttensor_read_threads": n}
+            label = f"series bound, pieces, {n} read threads"
+            rows.append((label, "series", {**kw, "extra": extra}))
+    return rows
+
+
+def bench_pieces(run: Run, W: dict, ck: dict, until: float) -> dict:
+    """``pieces_configs`` on the staging, then the heavy checkpoint (half the
+    phase's time each), through ``bench_bounded``."""
+    out = {}
+    for i, kind in enumerate(("staging", "heavy")):
+        now = time.monotonic()
+        share = now + (until - now) / (2 - i)
+        largest = ck[kind]["largest_tensor_bytes"]
+        out[kind] = bench_bounded(run, W, ck, kind, share, pieces_configs(kind, largest))
     return out
 
 
@@ -943,8 +992,9 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="tiny checkpoints (tests)")
     parser.add_argument(
         "--skip",
-        default="tuning",
-        help="comma-separated phases to skip (default: tuning, InstantTensor's own knobs)",
+        default="tuning,pieces",
+        help="comma-separated phases to skip (default: tuning, InstantTensor's own knobs,"
+        " and pieces)",
     )
     parser.add_argument(
         "--only",
@@ -1142,6 +1192,7 @@ def main() -> int:
                 ("heavy", "heavy", lambda until: bench_bounded(run, W, ck, "heavy", until)),
                 ("deferred", "layered", lambda until: bench_deferred(run, W, ck, controls, until)),
                 ("pinned_read", "staging", lambda until: bench_pinned_read(run, W, ck)),
+                ("pieces", "heavy", lambda until: bench_pieces(run, W, ck, until)),
                 (
                     "many",
                     "many",

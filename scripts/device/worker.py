@@ -94,6 +94,7 @@ def install_reader_recorder() -> None:
                     "backend": self.backend.name,
                     "copy": self.copy,
                     "n_tensors": len(self.ordered_tensor_metadatas),
+                    "largest_tensor": max(getattr(self, "tensor_sizes", ()), default=None),
                     "total_tensor_size": self.total_tensor_size,
                     "buffer_size_arg": kwargs.get("buffer_size"),
                     "tensor_filter": kwargs.get("tensor_filter") is not None,
@@ -183,6 +184,35 @@ def used_bytes() -> int:
         return 0
     free, total = torch.cuda.mem_get_info()
     return total - free
+
+
+def host_bytes() -> int:
+    """This process's resident host memory (pinned arenas included once read)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextlib.contextmanager
+def pieces(setting):
+    """How the series streams tensors above a quarter of the bound: ``"off"``
+    whole (its bounded path before pieces), an int n in pieces of at most the
+    bound // n, ``None`` as the tree does.  A tree without pieces is left as
+    it is; yields whether the setting was applied."""
+    saved = (
+        getattr(weight_utils, "_pieced_tensors", None),
+        getattr(weight_utils, "PIECES_PER_RING", None),
+    )
+    if setting is None or saved[0] is None:
+        yield False
+        return
+    if setting == "off":
+        weight_utils._pieced_tensors = lambda shards, names, buffer_size: {}
+    else:
+        weight_utils.PIECES_PER_RING = int(setting)
+    try:
+        yield True
+    finally:
+        weight_utils._pieced_tensors, weight_utils.PIECES_PER_RING = saved
 
 
 def reference_tensor(path: str, name: str):
@@ -283,7 +313,8 @@ def op_load(cmd: dict) -> dict:
 
     ``retention_check`` (default true): false disables the series' check that
     no borrowed tensor outlives its step, for this load only; ``half_bound``
-    selects the other ring policy (``ring_policy``)."""
+    selects the other ring policy (``ring_policy``); ``pieces`` how tensors
+    above a quarter of the bound stream (``pieces``)."""
     folder, fmt = cmd["dir"], cmd.get("format", "instanttensor")
     verify = cmd.get("verify", False)
     set_env(cmd.get("env"))
@@ -302,10 +333,12 @@ def op_load(cmd: dict) -> dict:
     n_bytes = cpu_bytes = cpu_n = 0
     cpu_seconds = 0.0
     peak_used = used0
+    host0 = peak_host = host_bytes()
     with (
         warnings.catch_warnings(record=True) as caught,
         retention_check(cmd.get("retention_check", True)) as check_off,
         ring_policy(cmd.get("half_bound", False)),
+        pieces(cmd.get("pieces")) as pieces_set,
     ):
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -324,6 +357,7 @@ def op_load(cmd: dict) -> dict:
             n_bytes += tensor.nbytes
             seen.append(name)
             peak_used = max(peak_used, used_bytes())
+            peak_host = max(peak_host, host_bytes())
             prev = now
         sync()
         seconds = time.perf_counter() - t0
@@ -335,6 +369,8 @@ def op_load(cmd: dict) -> dict:
         "cpu_bytes": cpu_bytes,
         "cpu_seconds": cpu_seconds,
         "retention_check_off": check_off,
+        "pieces_set": pieces_set,
+        "peak_host_delta": peak_host - host0,
         "peak_used_delta": peak_used - used0,
         "torch_peak_delta": max_allocated() - alloc0,
         "readers": list(READERS),

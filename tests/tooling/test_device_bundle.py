@@ -573,7 +573,7 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
     proc, res = run_all(bundle_dir, tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:]  # CUDA tests skipped on CPU
     assert res["mode"] == "base-only smoke"
-    assert res["skipped_phases"] == ["tuning"] and "tuning" not in res
+    assert res["skipped_phases"] == ["pieces", "tuning"] and "tuning" not in res
     smoke = res["tests"]["smoke (base tree)"]
     assert smoke["totals"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 2}
     assert [p for p in res["problems"] if "skipped" not in p and "plot" not in p] == []
@@ -855,3 +855,29 @@ def test_tp2_on_cpu(series_bundle, tmp_path):
     assert "instanttensor_buffer_size" in agreement[0]["raised"]
     assert all(a["seconds"] < 30 for a in agreement)
     assert {t["name"] for t in res["targets"]} >= {"typical: series bound / base collective"}
+
+
+def test_pieces_phase_alone_on_cpu(series_bundle, tmp_path):
+    """``--only pieces``: the staging and heavy checkpoints, each with whole
+    tensors and pieces side by side at the bound and at twice the largest
+    tensor, unbounded in the same run, every load bitwise; the "whole
+    tensors" rows really ran without pieces, and the targets are stated."""
+    proc, res = run_all(series_bundle, tmp_path, "--only", "pieces")
+    assert [p for p in res["problems"] if "plot" not in p] == [], proc.stdout[-3000:]
+    assert proc.returncode in (0, 1) and set(res["pieces"]) == {"staging", "heavy"}
+    module = run_all_module()
+    for kind, out in res["pieces"].items():
+        largest = res["checkpoints"][kind]["largest_tensor_bytes"]
+        labels = [label for label, _, _ in module.pieces_configs(kind, largest)]
+        assert list(out["configs"]) == labels, kind
+        for label, c in out["configs"].items():
+            assert c["verify"]["n_mismatches"] == 0, (kind, label)
+            assert c["ratio_vs_unbound"] is not None, (kind, label)
+            assert c["peak_host_delta"] is not None, (kind, label)
+    targets = {t["name"] for t in res["targets"]}
+    assert "staging checkpoint, 64 MiB bound, pieces / unbounded" in targets
+    assert "heavy checkpoint, ring with pieces (MiB)" in targets
+    assert (
+        "## Pieces through the ring: heavy checkpoint"
+        in (tmp_path / "out" / "summary.md").read_text()
+    )
