@@ -1,15 +1,6 @@
-"""``apply``: put the series onto the pinned base, or onto the user's checkout.
-
-Refusals change nothing (README: "How make apply changes your checkout"): the
-patch files must be the manifest's, the checkout clean and at the pinned base
-(by the blob ids of the files the series touches; a series already there is
-a success), and no file of the user's where the series creates one.  The
-series is then built in a scratch repository reading the checkout's objects,
-each patch checked against its recorded images (``placement``); only then is
-the checkout switched, in one journaled transaction (``journal``): a new
-branch, its ``branch.<name>.seriesBase`` config (read by ``export``), and the
-work tree and index moved with ``git read-tree -m -u``, which never
-overwrites an untracked or ignored file.
+"""``apply``: put the series onto the pinned base, or onto the user's checkout
+(docs/checkout-safety.md): built in a scratch repository, each patch checked
+by ``placement``, then switched in one journaled ``git read-tree -m -u``.
 """
 
 from __future__ import annotations

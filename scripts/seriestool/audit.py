@@ -1,15 +1,4 @@
-"""``check``: audit a consolidated branch against the patch series (docs/audit.md).
-
-Per patch: **identical** (a commit of ``BASE..CONSOLIDATED`` has its verbatim
-stable patch ID), **combined** (consecutive patches squashed into one commit),
-**split** (one patch split into consecutive commits), **changed** (paired as
-``git range-diff`` pairs them, on the series' paths only) or **missing**; commits
-touching series-owned files without a counterpart are **extra**; and the end
-state of every series-owned file is compared with the series' result.  All of
-it runs in a scratch clone: the user's repository is only read.  Exit status
-0 when everything passes or is accepted (``--accept``), 1 on findings, 2 when
-the audit cannot run.
-"""
+"""``check``: audit a consolidated branch against the patch series (docs/audit.md)."""
 
 from __future__ import annotations
 

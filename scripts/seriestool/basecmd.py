@@ -1,8 +1,5 @@
-"""``base``: materialise the pinned vLLM base (cached) and print where it is.
-
-With ``--requirements FILE`` it also writes what the vLLM-side tests need from
-that base: its ``requirements/common.txt`` and ruff at the version vLLM's
-``.pre-commit-config.yaml`` pins (so lint matches upstream's CI).
+"""``base``: materialise the pinned vLLM base (cached) and print where it is;
+``--requirements FILE`` writes what the vLLM-side tests need from it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""``check-manifest``: the patch files and ``patches/series.json`` agree.
-
-Each patch file's bytes (sha256), stable patch ID and subject must be the
-recorded ones, no file listed and missing or present and unlisted, the
-touched files the recorded ones, ``"previous"`` and ``"groups"`` valid
-(``apply`` does not check the groups: a patch just exported into none still
-applies).  A ``SERIES.md`` beside the patch folder must give the same stable
-patch IDs and subjects.  Runs with the system Python alone.
+"""``check-manifest``: the patch files, ``patches/series.json`` and SERIES.md
+agree.  Runs with the system Python alone.
 """
 
 from __future__ import annotations

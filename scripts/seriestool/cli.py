@@ -1,8 +1,5 @@
-"""Command line: ``python -m seriestool <command>`` (the Makefile's targets call it).
-
-Each command lives in its own module, which exposes ``register(subparsers)``:
-it adds its sub-parser and sets ``func`` to a callable taking the parsed
-arguments and returning an exit status.
+"""Command line: ``python -m seriestool <command>``; each command's module has
+``register(subparsers)``.
 """
 
 from __future__ import annotations

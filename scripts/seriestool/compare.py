@@ -1,13 +1,4 @@
-"""``compare``: what changed from one version of the series to another (docs/compare.md).
-
-Both states of ``patches/`` (``versions``) are applied onto the bases their
-manifests pin, in one scratch checkout (``scratch``) with a fixed committer,
-so the output is the same on every machine; the user's repository is only
-read.  Patches are paired by ``git range-diff``, then by subject, then as the
-newer manifest's ``"previous"`` records; each pair is classified from git's
-facts (``changelog`` holds the kinds and words the draft).  Exit status 0,
-or 2 when the comparison could not be made.
-"""
+"""``compare``: what changed from one version of the series to another (docs/compare.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Thin wrappers around git's own commands, run hermetically.
-
-Every git call of the tooling goes through ``git()``: no system or global
-config (but the user's ``safe.directory`` entries), ``PINNED_CONFIG`` on the
-command-line scope, which beats the repository's own, no hooks and no
-program a setting can name, the ``GIT_*`` environment cleared but for the
-identity, untranslated messages, and a session of its own, so a Ctrl-C
-reaches the tool (``interrupts``), never a git command half-way.  What stays
-the user's: the repository's content conversions (``core.autocrlf``,
-``.gitattributes``), and the identity its commits carry (``user_identity``).
+"""Thin wrappers around git's own commands, run hermetically: no global or
+system config, ``PINNED_CONFIG``, no hooks, a session of its own
+(docs/checkout-safety.md: "Your git configuration...").
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""SIGINT, SIGTERM and SIGHUP, acted on at safe points only.
-
-While ``deferred()`` is active a signal is only recorded; the next git call
-(``git.git`` calls ``check()``) raises ``Interrupted`` instead of running, so
-a command stops between two git commands and its handlers undo its work,
-``shielded()`` from a second signal.  git runs in a session of its own, out of
-reach of a terminal's Ctrl-C; programs run with ``run()`` (pip, pytest) are
-passed the signal.
+"""SIGINT, SIGTERM and SIGHUP, acted on at safe points only: while
+``deferred()`` is active, the next git call raises ``Interrupted``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,4 @@
-"""``rebase``: carry the series to another upstream revision (docs/rebase.md).
-
-The work happens in a scratch clone under ``work/rebase/<to>/``: the old
-series on the old base (the left side of the range-diff), then each patch onto
-the new base with ``git am --3way``, its result checked against a 3-way merge
-from its recorded preimage (``placement``).  A conflict ends the run, changing
-nothing; with ``--keep-conflict`` its ``git am`` session stays instead, in the
-``--vllm`` checkout (journaled first) or the scratch clone, recorded in
-``work/rebase/state.json`` for ``--continue`` and ``--abort``.  On success the
-new series is exported into ``staging/`` with its manifest, range-diffed and
-tested; only then does it replace ``patches/``, by two renames.  Every run first
-finishes or undoes a replacement that a killed run left half-way.
-"""
+"""``rebase``: carry the series to another upstream revision (docs/rebase.md)."""
 
 from __future__ import annotations
 

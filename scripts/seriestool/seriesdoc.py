@@ -1,9 +1,5 @@
-"""SERIES.md's facts that ``patches/series.json`` records, rewritten from it.
-
-``sync`` rewrites just those cells ("Order and why" subjects, the "Stable
-patch IDs" table, the facts of "Base"), leaving every other line as it was;
-``export`` and a successful ``rebase`` call it.  A row follows its patch by
-subject; a new patch gets a row whose concern says to write one.
+"""SERIES.md's facts that ``patches/series.json`` records, rewritten from it
+(``sync``), leaving every other line as it was.
 """
 
 from __future__ import annotations

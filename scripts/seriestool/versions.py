@@ -1,8 +1,5 @@
-"""Series versions: states of ``patches/`` in this repository's history.
-
-Version N is the newest commit, from HEAD back through the commits that change
-``patches/``, whose manifest records N; a commit-ish names a state directly,
-and the working tree's ``patches/`` is one too.  All is read from git objects.
+"""Series versions: states of ``patches/`` in this repository's history, read
+from git objects.
 """
 
 from __future__ import annotations
