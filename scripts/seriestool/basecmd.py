@@ -16,11 +16,7 @@ from .errors import SeriesError
 
 
 def ruff_pin(pre_commit_config: str) -> str:
-    """``ruff==X`` from the ruff-pre-commit hook's ``rev: vX`` line.
-
-    Raises:
-        SeriesError: the config has no ruff-pre-commit entry.
-    """
+    """``ruff==X`` from the ruff-pre-commit hook's ``rev: vX`` line (else SeriesError)."""
     match = re.search(r"ruff-pre-commit\s*\n\s*rev:\s*v?([0-9][^\s]*)", pre_commit_config)
     if not match:
         raise SeriesError("the base's .pre-commit-config.yaml pins no ruff version")

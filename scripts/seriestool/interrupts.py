@@ -56,12 +56,9 @@ class Guard:
 
 @contextlib.contextmanager
 def deferred() -> Iterator[Guard]:
-    """Record signals instead of dying; raise ``Interrupted`` at safe points.
-
-    On leaving, the previous handlers are back; a signal still pending is
-    raised as ``Interrupted`` (unless the block raised already, or marked
-    its work ``completed()``).
-    """
+    """Record signals instead of dying; raise ``Interrupted`` at safe points and,
+    on leaving, for a signal still pending (unless the block raised or was
+    ``completed()``)."""
     global _depth
     guard = Guard()
     if threading.current_thread() is not threading.main_thread():

@@ -21,12 +21,8 @@ def check(
     image: Image,
     ours: str = "the target",
 ) -> list[str]:
-    """One line per file where ``after`` (``git am``'s result on ``before``)
-    is not what the patch's recorded preimage and postimage give; empty: agreed.
-
-    ``image``: ``patchset.images`` of the patch.  ``ours`` names ``before``
-    in the messages (e.g. "the new base").
-    """
+    """One line per file where ``after`` (``git am``'s result on ``before``, named
+    ``ours`` in the messages) is not what ``image`` gives; empty: agreed."""
     paths = sorted(image)
     target = g.tree_entries(repo, before, paths)
     result = g.tree_entries(repo, after, paths)

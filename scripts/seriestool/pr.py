@@ -29,12 +29,8 @@ def make_pr(
     signoff: bool = False,
     log=print,
 ) -> Path:
-    """Create branch ``pr/<name>`` in ``repo`` and write its description; returns its path.
-
-    Raises:
-        SeriesError: a refusal (see the module doc); nothing was changed.
-        interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; nothing was changed.
-    """
+    """Create branch ``pr/<name>`` in ``repo`` and write its description; returns its
+    path.  A refusal or a signal changes nothing."""
     with interrupts.deferred() as guard:
         if not g.is_repo(repo):
             raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name a vLLM git checkout")

@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -247,18 +248,14 @@ def swap_in(staging: Path, patch_dir: Path) -> None:
             shutil.copy2(item, partial / item.name, follow_symlinks=False)
     for item in sorted(staging.iterdir()):
         shutil.copyfile(item, partial / item.name)
-    _fsync_tree(partial)
+    for item in partial.iterdir():
+        if item.is_file():
+            with item.open("rb") as f:
+                os.fsync(f.fileno())
     partial.rename(new)
     patch_dir.rename(old)
     new.rename(patch_dir)
     shutil.rmtree(old)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for item in folder.iterdir():
-        if item.is_file():
-            with item.open("rb") as f:
-                os.fsync(f.fileno())
 
 
 # --------------------------------------------------------------------------
@@ -269,10 +266,6 @@ def parse_version(to: str) -> str | None:
     """``0.32.0`` for ``0.32.0`` or ``v0.32.0``; None when ``to`` is no version."""
     match = VERSION_RE.match(to)
     return match.group(1) if match else None
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "target"
 
 
 def _upstream_commit_of(repo: Path, commit: str) -> str | None:
@@ -314,7 +307,10 @@ def start(
 ) -> int:
     """Rebase the series in ``patch_dir`` onto ``to`` (see the module doc): 0 once
     ``patch_dir`` is replaced; else a refusal, with ``patch_dir`` unchanged."""
-    patch_dir = _layout(patch_dir, log)
+    patch_dir = Path(patch_dir).resolve()
+    recover_swap(patch_dir, log)  # finish an interrupted swap first
+    if not patch_dir.is_dir():
+        raise SeriesError(f"patch folder {patch_dir} does not exist")
     _clear_stale_session(log)
     manifest = manifest_mod.load(patch_dir / MANIFEST)
     found = check_manifest.problems(manifest, patch_dir)
@@ -347,7 +343,7 @@ def start(
                 " rebase onto the PyPI sdist of a version"
             )
         kind = "commit"
-        slug = _slug(to)
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", to).strip("._") or "target"
         if version is None and patch_dir == manifest_mod.PATCH_DIR.resolve():
             raise SeriesError(
                 f"{to!r} is a commit, which has no PyPI sdist: rebased onto it,"
@@ -398,7 +394,10 @@ def start(
     log(f"on success this replaces the patches and manifest in {patch_dir} and updates"
         f" {seriesdoc.DOC_NAME} beside it; until then nothing there changes")  # fmt: skip
     try:
-        _copy_series(patch_dir, sess.old_patch_dir)
+        # The rebase's input, frozen: later steps never read patch_dir again.
+        sess.old_patch_dir.mkdir(parents=True)
+        for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
+            shutil.copyfile(item, sess.old_patch_dir / item.name)
         _prepare(sess, manifest, user, new_commit, pip_args, log)
         if _apply_remaining(sess, log):
             return _finish(sess, log, guard)
@@ -415,22 +414,6 @@ def _free_branch(repo: Path, branch: str) -> str:
         n += 1
         name = f"{branch}-{n}"
     return name
-
-
-def _layout(patch_dir: Path, log: Log) -> Path:
-    """The resolved patch folder, after finishing an interrupted swap."""
-    patch_dir = Path(patch_dir).resolve()
-    recover_swap(patch_dir, log)
-    if not patch_dir.is_dir():
-        raise SeriesError(f"patch folder {patch_dir} does not exist")
-    return patch_dir
-
-
-def _copy_series(patch_dir: Path, dest: Path) -> None:
-    """The rebase's input, frozen: later steps never read ``patch_dir`` again."""
-    dest.mkdir(parents=True)
-    for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
-        shutil.copyfile(item, dest / item.name)
 
 
 def _old_manifest(sess: Session) -> manifest_mod.Manifest:
@@ -565,11 +548,8 @@ def _old_base(
 def _history_range(
     scratch: Path, manifest: manifest_mod.Manifest, old_base: str, new_base: str
 ) -> str | None:
-    """``old..new`` of upstream history, when both bases share it (else None).
-
-    Bases imported from sdists are unrelated root commits: no history to
-    search.  In a real vLLM checkout the manifest's upstream commit resolves.
-    """
+    """``old..new`` of upstream history, when both bases share it (else None:
+    bases imported from sdists are unrelated root commits)."""
     for ref in (manifest.base.upstream_commit, old_base):
         old = g.rev(scratch, ref) if ref else None
         if not old or old == new_base:
@@ -638,14 +618,9 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
 def _leave_placement_conflict(
     sess: Session, checkout: Path, patch: Path, image: patchset.Image
 ) -> None:
-    """For ``--keep-conflict``: the patch's ``git am`` stopped before its commit,
-    each disputed file holding the 3-way merge from the recorded preimage
-    (with conflict markers and unmerged stages where that merge conflicts).
-
-    ``git am`` is made to stop by a ``pre-applypatch`` hook of the tool's own
-    that fails; ``git am --continue`` (``CONTINUE=1``) then commits the
-    resolution.
-    """
+    """For ``--keep-conflict``: the patch's ``git am`` stopped (by a failing
+    ``pre-applypatch`` hook) before its commit, each disputed file holding the
+    3-way merge from the recorded preimage, conflicts as unmerged stages."""
     g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
     hooks = sess.work_dir / "stop-hook"
     hooks.mkdir(parents=True, exist_ok=True)
@@ -683,12 +658,8 @@ def _upstream_commit_with_patch_id(
 
 
 def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
-    """Patch, unmerged files with the kind of each conflict, and git's own error lines.
-
-    ``git_output``: stderr of the plain ``git apply --check`` (it names each
-    patch hunk that no longer applies, as ``patch failed: FILE:LINE``) and of
-    ``git am --3way``.
-    """
+    """Patch, unmerged files with the kind of each conflict, and git's own error
+    lines (``git_output``: stderr of ``git apply --check`` and ``git am --3way``)."""
     lines = [f"patch: {patch_file}"]
     conflicted = {path for _code, path in patchset.unmerged_paths(checkout)}
     lines += patchset.conflict_lines(checkout, ours="the new base") or [
@@ -743,12 +714,8 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
         _discard(sess, log)
     raise SeriesError(
         f"{sess.patches[sess.next].file} conflicts with {sess.target['version']}{what}\n"
-        f"{_indent(sess.conflict)}\n{then}report: {sess.report_path}"
+        f"{textwrap.indent(sess.conflict, '  ')}\n{then}report: {sess.report_path}"
     )
-
-
-def _indent(text: str) -> str:
-    return "\n".join(f"  {line}" for line in text.splitlines())
 
 
 @interrupts.shielded()
@@ -1074,13 +1041,9 @@ def _finish(
 
 
 def _keep_branch(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> None:
-    """Keep the rebased series as the branch ``apply`` would make for it, in
-    the default checkout (made from the new base if absent).
-
-    Only a ref (and the objects it needs) is added; nothing else of the
-    checkout changes: ``make apply`` there then names the one command that
-    switches to it.  A failure is a note: ``patches/`` holds the result.
-    """
+    """Keep the rebased series as the branch ``apply`` would make, in the default
+    checkout (made from the new base if absent): only a ref and its objects are
+    added.  A failure is a note: ``patches/`` holds the result."""
     checkout = default_checkout()
     new_repo = base_mod.base_repo_path(manifest.base.project, manifest.base.version)
     try:
