@@ -40,9 +40,6 @@ _SERIES_REF = "refs/heads/audit-series"
 _CONSOLIDATED_REF = "refs/heads/audit-consolidated"
 
 
-# ---------------------------------------------------------------- results
-
-
 @dataclasses.dataclass
 class Accept:
     """One ``--accept KEY --reason TEXT``; ``used`` once it covered a finding."""
@@ -137,9 +134,6 @@ class Report:
 
     def to_text(self) -> str:
         return _render_text(self)
-
-
-# ---------------------------------------------------------------- audit
 
 
 def audit(
@@ -407,9 +401,6 @@ def _end_state(scratch: Path, series_tip: str, cons: str, paths: list[str]) -> l
     return files
 
 
-# ---------------------------------------------------------------- git helpers
-
-
 def _resolve(repo: Path, ref: str, what: str, option: str) -> str:
     commit = g.rev(repo, ref)
     if commit is None:
@@ -507,9 +498,6 @@ def _commit_info(
     return info
 
 
-# ---------------------------------------------------------------- accepts
-
-
 def _apply_accepts(report: Report, repo: Path) -> None:
     """Mark findings covered by ``--accept``: a patch number (``0002``) or file
     name, ``extra:<commit>``, ``file:<path>``; a key naming none is refused."""
@@ -566,9 +554,6 @@ class _AcceptAction(argparse.Action):
                 parser.error(f"--accept {pending[-1].key}: the reason must not be empty")
             pending[-1].reason = values
         namespace.accepts = pending
-
-
-# ---------------------------------------------------------------- output
 
 
 def _short(commit: str) -> str:
@@ -640,9 +625,6 @@ def _render_text(report: Report) -> str:
         + "".join(f"\n  {f}" for f in failures),
     ]
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- command
 
 
 def register(subparsers) -> None:

@@ -173,9 +173,6 @@ class Comparison:
         return _render_text(self, draft_path)
 
 
-# ---------------------------------------------------------------- compare
-
-
 def compare(
     repo: Path,
     from_spec: str,
@@ -304,9 +301,6 @@ def _range_diff(scratch: Path, old: Side, new: Side) -> str:
     return rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
 
 
-# ---------------------------------------------------------------- pairing
-
-
 def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
     """range-diff's pairs, then unpaired patches of equal subject paired by subject."""
     changes = []
@@ -398,9 +392,6 @@ def _mark_moved(changes: list[Change]) -> None:
         i = before[i]
     for k, change in enumerate(paired):
         change.moved = k not in kept
-
-
-# ---------------------------------------------------------------- what changed
 
 
 def _compare_pair(scratch: Path, change: Change) -> None:
@@ -513,9 +504,6 @@ def _summary(changes: Sequence[Change]) -> collections.Counter[str]:
     return collections.Counter(kind for c in changes for kind in c.kinds)
 
 
-# ---------------------------------------------------------------- output
-
-
 def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
     old, new = comparison.old, comparison.new
     lines = [f"Series {old.state.label} -> {new.state.label}", _bases_line(old, new)]
@@ -574,9 +562,6 @@ def _bases_line(old: Side, new: Side) -> str:
     if describe(old) == describe(new):
         return f"Base: {describe(new)} on both sides"
     return f"Base: {describe(old)} -> {describe(new)}"
-
-
-# ---------------------------------------------------------------- command
 
 
 def run(args: argparse.Namespace) -> int:

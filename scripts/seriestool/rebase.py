@@ -63,10 +63,6 @@ MANIFEST = manifest_mod.MANIFEST_PATH.name  # beside the patches: replaced with 
 _CONTINUE, _ABORT = hints.make("rebase", CONTINUE="1"), hints.make("rebase", ABORT="1")
 
 
-# --------------------------------------------------------------------------
-# Session state (work/rebase/state.json)
-
-
 @dataclasses.dataclass
 class PatchStatus:
     """One patch of the old series and what became of it."""
@@ -186,10 +182,6 @@ def state_path() -> Path:
     return base_mod.WORK_DIR / "rebase" / "state.json"
 
 
-# --------------------------------------------------------------------------
-# patches/ swap and its recovery
-
-
 def _siblings(patch_dir: Path) -> tuple[Path, Path, Path]:
     """The swap's (partial, new, old) folders next to ``patch_dir``."""
     name = patch_dir.name
@@ -258,10 +250,6 @@ def swap_in(staging: Path, patch_dir: Path) -> None:
     shutil.rmtree(old)
 
 
-# --------------------------------------------------------------------------
-# Targets and bases
-
-
 def parse_version(to: str) -> str | None:
     """``0.32.0`` for ``0.32.0`` or ``v0.32.0``; None when ``to`` is no version."""
     match = VERSION_RE.match(to)
@@ -287,10 +275,6 @@ def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
         if not g.has_object(dst, oid) and proc.returncode == 0:  # else am names what it lacks
             g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=proc.stdout,
                   text=False)  # fmt: skip
-
-
-# --------------------------------------------------------------------------
-# Start
 
 
 @interrupts.deferring
@@ -559,10 +543,6 @@ def _history_range(
     return None
 
 
-# --------------------------------------------------------------------------
-# Applying patch by patch
-
-
 def _apply_remaining(sess: Session, log: Log) -> bool:
     """Apply patches from ``sess.next`` on; False when stopped at a conflict."""
     checkout, scratch = Path(sess.checkout), Path(sess.scratch)
@@ -794,10 +774,6 @@ def _clear_stale_session(log: Log) -> None:
     _discard(sess, log)
 
 
-# --------------------------------------------------------------------------
-# Continue and abort
-
-
 @interrupts.deferring
 def resume(
     log: Log = print, force: bool = False, skip_tests: bool = False, *, guard: interrupts.Guard
@@ -919,10 +895,6 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
     where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
     log(f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged")
     return 0
-
-
-# --------------------------------------------------------------------------
-# Success steps
 
 
 def _finish(
@@ -1148,10 +1120,6 @@ def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tupl
     )
 
 
-# --------------------------------------------------------------------------
-# Report
-
-
 def _write_report(
     sess: Session,
     result: str,
@@ -1235,10 +1203,6 @@ def _write_report(
     if not quiet:
         log(text)
         log(f"report written to {sess.report_path}")
-
-
-# --------------------------------------------------------------------------
-# Command line
 
 
 def run(args: argparse.Namespace) -> int:
