@@ -49,7 +49,8 @@ def refuse_unsafe_state(repo: Path) -> None:
             f"{repo}: a {op} is in progress; finish it, or abort it with\n"
             f"    {hints.git(repo, abort, verb)}\nand run again"
         )
-    changes = g.tracked_changes(repo)
+    status = g.out(repo, "status", "--porcelain=v1", "--untracked-files=no")
+    changes = [line for line in status.splitlines() if line.strip()]
     if changes:
         shown = "\n  ".join(changes[:10])
         raise SeriesError(
@@ -189,12 +190,10 @@ def _in_the_way(repo: Path, branch: str, why: str) -> str:
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
            created: dict[str, set[str]], log, before=(), after=(),
            objects: dict[str, str] | None = None, keep: bool = False) -> None:  # fmt: skip
-    """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref, or
-    a commit to detach at), with git commands ``before`` and ``after``: one
-    journaled transaction (``created``: paths ``tip`` adds, checked free;
-    ``objects``: a ``scratch.quarantine`` holding ``tip``, whose objects the
-    checkout keeps only if the switch succeeds; ``keep``: keep the journal, for
-    a session that goes on changing the checkout)."""
+    """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref or
+    a commit), git commands ``before`` and ``after``, in one journaled transaction
+    (``created``: paths ``tip`` adds, checked free; ``objects``: a quarantine
+    holding ``tip``, kept only on success; ``keep``: keep the journal)."""
     tx = journal.Transaction.begin(repo, op, created, scope)
     moved = []
     try:

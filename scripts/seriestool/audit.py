@@ -357,7 +357,9 @@ def _pair_with_range_diff(
     tips = [g.out(scratch, "rev-parse", ref) for ref in (_SERIES_REF, _CONSOLIDATED_REF)]
     text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
                                 [f":(literal){p}" for p in paths])  # fmt: skip
-    left, right = (sorted(g.rev_list(scratch, f"{base}..{tip}")) for tip in tips)
+    left, right = (
+        sorted(g.out(scratch, "rev-list", "--no-merges", f"{base}..{tip}").split()) for tip in tips
+    )
 
     series_index = {c: i for i, c in enumerate(series_commits)}
     for pair in rangediff.parse(text):

@@ -186,11 +186,6 @@ def rev(repo: Path, ref: str) -> str | None:
     return proc.stdout.strip() or None
 
 
-def rev_list(repo: Path, rev_range: str) -> list[str]:
-    """Non-merge commits of ``rev_range``, oldest first."""
-    return out(repo, "rev-list", "--reverse", "--no-merges", rev_range).split()
-
-
 def has_object(repo: Path, oid: str) -> bool:
     return git(repo, "cat-file", "-e", oid, check=False).returncode == 0
 
@@ -235,12 +230,6 @@ def operation_in_progress(repo: Path) -> str | None:
         if (gdir / marker).exists():
             return name
     return None
-
-
-def tracked_changes(repo: Path) -> list[str]:
-    """Staged or unstaged changes to tracked files (untracked files ignored)."""
-    status = out(repo, "status", "--porcelain=v1", "--untracked-files=no")
-    return [line for line in status.splitlines() if line.strip()]
 
 
 # The committer of commits made only in the tool's own throw-away

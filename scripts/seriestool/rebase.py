@@ -77,13 +77,9 @@ class PatchStatus:
 
 @dataclasses.dataclass
 class Session:
-    """A rebase from start to finish; saved after every step.
-
-    ``phase``: ``running`` (a process is working on it), ``conflict`` (stopped
-    with the ``git am`` session left for manual resolution), ``applied`` (all
-    patches are through but a later step failed: ``--continue`` retries the
-    success steps), ``swapping`` (replacing ``patches/``).
-    """
+    """A rebase from start to finish, saved after every step; ``phase``: ``running``,
+    ``conflict`` (the ``git am`` session left for resolution), ``applied`` (a
+    step after the patches failed: ``--continue`` retries), ``swapping``."""
 
     to: str
     slug: str
@@ -256,12 +252,6 @@ def parse_version(to: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _upstream_commit_of(repo: Path, commit: str) -> str | None:
-    """The abbreviated upstream commit in ``commit``'s ``vllm/_version.py``."""
-    proc = g.git(repo, "show", f"{commit}:vllm/_version.py", check=False)
-    return base_mod.upstream_commit_in(proc.stdout) if proc.returncode == 0 else None
-
-
 def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
     """Copy into ``dst`` (as unreferenced objects) the blobs the patches' ``index``
     lines name: ``git am --3way`` and the placement check need them, and a
@@ -423,7 +413,10 @@ def _prepare(
         base_mod.clone(new_repo, scratch)
         sess.target = {
             "version": version,
-            "upstream_commit": _upstream_commit_of(new_repo, new_commit) or "",
+            "upstream_commit": base_mod.upstream_commit_in(  # no such file: empty stdout
+                g.git(new_repo, "show", f"{new_commit}:vllm/_version.py", check=False).stdout
+            )
+            or "",
             "sdist_filename": base_mod.sdist_filename(mb.project, version),
             "sha256": sha256,
         }

@@ -187,11 +187,9 @@ def check_prefixes(
 
 
 def group_plan(manifest: manifest_mod.Manifest) -> list[tuple[str, list[int] | None, str]]:
-    """What ``test-series`` does with each group: ``(name, the indexes of the
-    patches to test, or None: none, what they are or why none)``.  A group's
-    patches are its dependencies' and its own; a set tested already (a prefix,
-    another group) is not tested again, nor a fork-only group.  The groups
-    must be valid (``manifest.group_problems``)."""
+    """``(name, indexes of the patches to test or None, what they are or why none)``
+    per valid group: its dependencies' patches and its own, unless a prefix or
+    another group tested that set already, or the group is fork-only."""
     index = {p.file: n for n, p in enumerate(manifest.patches)}
     done = {
         tuple(range(k)): f"prefix 0001..{p.file[:4]}" for k, p in enumerate(manifest.patches, 1)

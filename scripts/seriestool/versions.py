@@ -40,10 +40,8 @@ class SeriesVersion:
 
 
 def history(repo: Path) -> Iterator[tuple[str, str | None]]:
-    """``(commit, version)`` of each commit changing ``patches/``, newest first.
-
-    ``version`` is None where the commit's manifest is missing or records none.
-    """
+    """``(commit, version)`` of each commit changing ``patches/``, newest first
+    (``version`` None where its manifest is missing or records none)."""
     if g.rev(repo, "HEAD") is None:
         return
     for commit in g.out(repo, "rev-list", "--topo-order", "HEAD", "--", PATCH_DIR).split():
