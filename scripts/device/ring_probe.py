@@ -13,7 +13,7 @@ the stream; once, before timing, each one's tensors are compared bitwise with
 
     python3 scripts/device/ring_probe.py --out "$OUT"
 
-It installs instanttensor from the bundle's wheels (carry `.device`).
+It installs instanttensor from the bundle's wheels (copy `.device/` beside `scripts/device`).
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Qualify the series on one GPU: tests, real-writer check, benchmarks.
 
-Run from the repository root there, with ``.device`` carried (``make
-device-bundle`` builds it): ``bash scripts/device/run_all.sh``.  Writes to
+Copy ``scripts/device`` and ``.device/`` (``make device-bundle`` builds it)
+to the GPU machine and run ``bash scripts/device/run_all.sh`` from there.  Writes to
 ``$OUT`` (six files, at its top level):
 
   qualification.json  every figure, test count, version and verdict
@@ -11,12 +11,12 @@ device-bundle`` builds it): ``bash scripts/device/run_all.sh``.  Writes to
   pytest.log          the GPU test runs (series tests, negative controls)
   bench.log           checkpoint writer and benchmark workers' output
 
-The two-GPU measurements are ``tp2.py``'s (kind nvidia-h200-x2; it reuses the
+The two-GPU measurements are ``tp2.py``'s (a two-GPU machine; it reuses the
 trees and wheels this script leaves under ``--work``, and adds ``tp2.json``
 and ``tp2.log`` to ``$OUT``).
 
 Every step has its own time limit and the whole run a budget (``--budget``,
-default 450 s), so one hang cannot eat the device tool's 600 s: a step that
+default 450 s), so one hang cannot hold the run past its budget: a step that
 runs out is killed, recorded, and the run goes on to write its evidence.
 Each benchmark also has its share of the budget (``PHASE_SECONDS``): past it,
 it starts no new round, so the later benchmarks still run.
@@ -75,7 +75,7 @@ sys.path.insert(0, str(HERE))
 import common  # noqa: E402
 import report  # noqa: E402
 
-COMMAND = 'bash scripts/device/run_all.sh   (device tool: carry [".device"])'
+COMMAND = "bash scripts/device/run_all.sh"
 PY = sys.executable
 
 
@@ -1351,7 +1351,7 @@ def finish(run: Run, res: dict, series_mode: bool, args) -> None:
 
 
 def print_table(res: dict) -> None:
-    """The short table the device tool's reply carries (its output tail)."""
+    """The short table at the end of the output."""
     fmt, mib = report.fmt, report.mib
     print("\n==== summary ====")
     for name, run in res.get("tests", {}).items():

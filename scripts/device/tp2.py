@@ -3,7 +3,7 @@ vLLM's real world group (NCCL device group, gloo CPU group), one process a GPU.
 
     python3 scripts/device/tp2.py [--bundle .device] [--work /tmp/qual] [--out $OUT]
 
-Run on the two-GPU machine (kind nvidia-h200-x2) after ``run_all.sh`` or on
+Run on a machine with two GPUs after ``run_all.sh`` or on
 its own: it reuses the base and series trees and the wheels' site that
 ``run_all.py`` leaves under ``--work``, and unpacks or installs them itself
 from the bundle when they are missing.  Writes ``tp2.json`` (every figure)
@@ -54,7 +54,7 @@ NCCL_ENV = {
 }
 BOUND = 256 * common.MiB
 SMALL_BOUND = 256 * 1024
-COMMAND = 'python3 scripts/device/tp2.py   (device tool: kind nvidia-h200-x2, carry [".device"])'
+COMMAND = "python3 scripts/device/tp2.py"
 BASE_LABEL = "base, options unset (collective)"
 CONFIGS = (
     BASE_LABEL,

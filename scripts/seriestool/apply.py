@@ -1,15 +1,6 @@
-"""``apply``: put the series onto the pinned base, or onto the user's checkout.
-
-Refusals change nothing (README: "How make apply changes your checkout"): the
-patch files must be the manifest's, the checkout clean and at the pinned base
-(by the blob ids of the files the series touches; a series already there is
-a success), and no file of the user's where the series creates one.  The
-series is then built in a scratch repository reading the checkout's objects,
-each patch checked against its recorded images (``placement``); only then is
-the checkout switched, in one journaled transaction (``journal``): a new
-branch, its ``branch.<name>.seriesBase`` config (read by ``export``), and the
-work tree and index moved with ``git read-tree -m -u``, which never
-overwrites an untracked or ignored file.
+"""``apply``: put the series onto the pinned base, or onto the user's checkout
+(docs/checkout-safety.md): built in a scratch repository, each patch checked
+by ``placement``, then switched in one journaled ``git read-tree -m -u``.
 """
 
 from __future__ import annotations
@@ -58,7 +49,8 @@ def refuse_unsafe_state(repo: Path) -> None:
             f"{repo}: a {op} is in progress; finish it, or abort it with\n"
             f"    {hints.git(repo, abort, verb)}\nand run again"
         )
-    changes = g.tracked_changes(repo)
+    status = g.out(repo, "status", "--porcelain=v1", "--untracked-files=no")
+    changes = [line for line in status.splitlines() if line.strip()]
     if changes:
         shown = "\n  ".join(changes[:10])
         raise SeriesError(
@@ -198,12 +190,10 @@ def _in_the_way(repo: Path, branch: str, why: str) -> str:
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
            created: dict[str, set[str]], log, before=(), after=(),
            objects: dict[str, str] | None = None, keep: bool = False) -> None:  # fmt: skip
-    """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref, or
-    a commit to detach at), with git commands ``before`` and ``after``: one
-    journaled transaction (``created``: paths ``tip`` adds, checked free;
-    ``objects``: a ``scratch.quarantine`` holding ``tip``, whose objects the
-    checkout keeps only if the switch succeeds; ``keep``: keep the journal, for
-    a session that goes on changing the checkout)."""
+    """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref or
+    a commit), git commands ``before`` and ``after``, in one journaled transaction
+    (``created``: paths ``tip`` adds, checked free; ``objects``: a quarantine
+    holding ``tip``, kept only on success; ``keep``: keep the journal)."""
     tx = journal.Transaction.begin(repo, op, created, scope)
     moved = []
     try:

@@ -1,15 +1,4 @@
-"""``check``: audit a consolidated branch against the patch series (docs/audit.md).
-
-Per patch: **identical** (a commit of ``BASE..CONSOLIDATED`` has its verbatim
-stable patch ID), **combined** (consecutive patches squashed into one commit),
-**split** (one patch split into consecutive commits), **changed** (paired as
-``git range-diff`` pairs them, on the series' paths only) or **missing**; commits
-touching series-owned files without a counterpart are **extra**; and the end
-state of every series-owned file is compared with the series' result.  All of
-it runs in a scratch clone: the user's repository is only read.  Exit status
-0 when everything passes or is accepted (``--accept``), 1 on findings, 2 when
-the audit cannot run.
-"""
+"""``check``: audit a consolidated branch against the patch series (docs/audit.md)."""
 
 from __future__ import annotations
 
@@ -49,9 +38,6 @@ FAILING = (CHANGED, MISSING)
 UPSTREAM_REPOSITORIES = {"vllm": "https://github.com/vllm-project/vllm.git"}
 _SERIES_REF = "refs/heads/audit-series"
 _CONSOLIDATED_REF = "refs/heads/audit-consolidated"
-
-
-# ---------------------------------------------------------------- results
 
 
 @dataclasses.dataclass
@@ -148,9 +134,6 @@ class Report:
 
     def to_text(self) -> str:
         return _render_text(self)
-
-
-# ---------------------------------------------------------------- audit
 
 
 def audit(
@@ -374,7 +357,9 @@ def _pair_with_range_diff(
     tips = [g.out(scratch, "rev-parse", ref) for ref in (_SERIES_REF, _CONSOLIDATED_REF)]
     text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
                                 [f":(literal){p}" for p in paths])  # fmt: skip
-    left, right = (sorted(g.rev_list(scratch, f"{base}..{tip}")) for tip in tips)
+    left, right = (
+        sorted(g.out(scratch, "rev-list", "--no-merges", f"{base}..{tip}").split()) for tip in tips
+    )
 
     series_index = {c: i for i, c in enumerate(series_commits)}
     for pair in rangediff.parse(text):
@@ -416,9 +401,6 @@ def _end_state(scratch: Path, series_tip: str, cons: str, paths: list[str]) -> l
             )  # fmt: skip
         files.append(state)
     return files
-
-
-# ---------------------------------------------------------------- git helpers
 
 
 def _resolve(repo: Path, ref: str, what: str, option: str) -> str:
@@ -518,9 +500,6 @@ def _commit_info(
     return info
 
 
-# ---------------------------------------------------------------- accepts
-
-
 def _apply_accepts(report: Report, repo: Path) -> None:
     """Mark findings covered by ``--accept``: a patch number (``0002``) or file
     name, ``extra:<commit>``, ``file:<path>``; a key naming none is refused."""
@@ -577,9 +556,6 @@ class _AcceptAction(argparse.Action):
                 parser.error(f"--accept {pending[-1].key}: the reason must not be empty")
             pending[-1].reason = values
         namespace.accepts = pending
-
-
-# ---------------------------------------------------------------- output
 
 
 def _short(commit: str) -> str:
@@ -651,9 +627,6 @@ def _render_text(report: Report) -> str:
         + "".join(f"\n  {f}" for f in failures),
     ]
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- command
 
 
 def register(subparsers) -> None:

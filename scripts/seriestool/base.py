@@ -1,12 +1,5 @@
-"""Materialise a vLLM release from its PyPI sdist as a reproducible git base.
-
-The sdist is fetched with pip (``--require-hashes`` when the hash is known,
-checked again here), unpacked and recorded as one commit with a fixed
-identity, dates and message, so its id is the same on every machine; it is
-cached as a bare repository under ``work/base``.  vLLM's ``setup.py`` imports
-torch and friends even for ``pip download``: it runs with
-``--no-build-isolation`` in ``.venv``, ``VLLM_TARGET_DEVICE=empty`` and
-``VLLM_VERSION_OVERRIDE``.
+"""Materialise a vLLM release from its PyPI sdist as one reproducible commit
+(fixed identity, dates, message), cached as a bare repository in ``work/base``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""``base``: materialise the pinned vLLM base (cached) and print where it is.
-
-With ``--requirements FILE`` it also writes what the vLLM-side tests need from
-that base: its ``requirements/common.txt`` and ruff at the version vLLM's
-``.pre-commit-config.yaml`` pins (so lint matches upstream's CI).
+"""``base``: materialise the pinned vLLM base (cached) and print where it is;
+``--requirements FILE`` writes what the vLLM-side tests need from it.
 """
 
 from __future__ import annotations
@@ -19,11 +16,7 @@ from .errors import SeriesError
 
 
 def ruff_pin(pre_commit_config: str) -> str:
-    """``ruff==X`` from the ruff-pre-commit hook's ``rev: vX`` line.
-
-    Raises:
-        SeriesError: the config has no ruff-pre-commit entry.
-    """
+    """``ruff==X`` from the ruff-pre-commit hook's ``rev: vX`` line (else SeriesError)."""
     match = re.search(r"ruff-pre-commit\s*\n\s*rev:\s*v?([0-9][^\s]*)", pre_commit_config)
     if not match:
         raise SeriesError("the base's .pre-commit-config.yaml pins no ruff version")

@@ -1,9 +1,5 @@
-"""The "Changes in vN" section of SERIES.md: its words, and a draft of it.
-
-One line per patch of the new version, then one per old patch that is gone:
-what git shows changed (``compare`` classifies; this module words it) and a
-``Why: TODO.``, which only a person can fill in.  It reads ``compare``'s
-results by their fields and imports nothing of ``compare``, which imports it.
+"""The "Changes in vN" section of SERIES.md: its words, and a draft of it
+(``compare`` classifies; this module words it, importing nothing of it).
 """
 
 from __future__ import annotations

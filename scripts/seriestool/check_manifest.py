@@ -1,20 +1,13 @@
-"""``check-manifest``: the patch files and ``patches/series.json`` agree.
-
-Each patch file's bytes (sha256), stable patch ID and subject must be the
-recorded ones, no file listed and missing or present and unlisted, the
-touched files the recorded ones, ``"previous"`` and ``"groups"`` valid
-(``apply`` does not check the groups: a patch just exported into none still
-applies).  A ``SERIES.md`` beside the patch folder must give the same stable
-patch IDs and subjects.  Runs with the system Python alone.
+"""``check-manifest``: the patch files, ``patches/series.json`` and SERIES.md
+agree.  Runs with the system Python alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
-from . import hints, patchset
+from . import hints, patchset, seriesdoc
 from . import manifest as manifest_mod
 
 
@@ -78,23 +71,15 @@ _DOC_TABLES = {
     "Stable patch IDs": ("stable patch ID", "patch_id"),
     "Order and why": ("subject", "subject"),
 }
-_ROW = re.compile(r"^\|\s*(\d{4})\s*\|\s*`([^`]*)`\s*\|")
 
 
 def _doc_rows(text: str, title: str) -> dict[str, str] | None:
     """``number -> value`` of the table in section ``## title`` (None: no such section)."""
     lines = text.splitlines()
-    try:
-        start = lines.index(f"## {title}") + 1
-    except ValueError:
+    span = seriesdoc.section(lines, title)
+    if span is None:
         return None
-    rows: dict[str, str] = {}
-    for line in lines[start:]:
-        if line.startswith("## "):
-            break
-        if match := _ROW.match(line):
-            rows[match[1]] = match[2]
-    return rows
+    return {m[1]: m[2] for line in lines[span[0] : span[1]] if (m := seriesdoc.ROW.match(line))}
 
 
 def doc_problems(manifest: manifest_mod.Manifest, doc: Path) -> list[str]:

@@ -1,8 +1,5 @@
-"""Command line: ``python -m seriestool <command>`` (the Makefile's targets call it).
-
-Each command lives in its own module, which exposes ``register(subparsers)``:
-it adds its sub-parser and sets ``func`` to a callable taking the parsed
-arguments and returning an exit status.
+"""Command line: ``python -m seriestool <command>``; each command's module has
+``register(subparsers)``.
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The exit status of a command whose reader went away (`... | head`), as a
-# shell reports a program that SIGPIPE ended: 128 + 13.
+# A shell's status for a program that SIGPIPE ended (`... | head`).
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
@@ -61,16 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:
-        # The reader of stdout has gone (`make -s compare | head`): stop quietly,
-        # as a program that SIGPIPE ends.  Python would flush stdout again at
-        # exit and report that failure too: point stdout at /dev/null first.
+        # The reader went away (`| head`): stop quietly, as SIGPIPE would; stdout
+        # to /dev/null first, else Python's exit flush reports it again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_BROKEN_PIPE
     except OSError as e:  # after BrokenPipeError, which is one too
-        # The environment failed (a full disk, a folder that cannot be written,
-        # a file-size limit): what failed and what to do, not a traceback.
+        # A full disk, an unwritable folder, a size limit: say so, no traceback.
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}; free space, or fix the permission or"
               " limit, and run again (a checkout an interrupted command left part-way is"

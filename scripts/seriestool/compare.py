@@ -1,13 +1,4 @@
-"""``compare``: what changed from one version of the series to another (docs/compare.md).
-
-Both states of ``patches/`` (``versions``) are applied onto the bases their
-manifests pin, in one scratch checkout (``scratch``) with a fixed committer,
-so the output is the same on every machine; the user's repository is only
-read.  Patches are paired by ``git range-diff``, then by subject, then as the
-newer manifest's ``"previous"`` records; each pair is classified from git's
-facts (``changelog`` holds the kinds and words the draft).  Exit status 0,
-or 2 when the comparison could not be made.
-"""
+"""``compare``: what changed from one version of the series to another (docs/compare.md)."""
 
 from __future__ import annotations
 
@@ -182,9 +173,6 @@ class Comparison:
         return _render_text(self, draft_path)
 
 
-# ---------------------------------------------------------------- compare
-
-
 def compare(
     repo: Path,
     from_spec: str,
@@ -313,9 +301,6 @@ def _range_diff(scratch: Path, old: Side, new: Side) -> str:
     return rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
 
 
-# ---------------------------------------------------------------- pairing
-
-
 def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
     """range-diff's pairs, then unpaired patches of equal subject paired by subject."""
     changes = []
@@ -407,9 +392,6 @@ def _mark_moved(changes: list[Change]) -> None:
         i = before[i]
     for k, change in enumerate(paired):
         change.moved = k not in kept
-
-
-# ---------------------------------------------------------------- what changed
 
 
 def _compare_pair(scratch: Path, change: Change) -> None:
@@ -522,9 +504,6 @@ def _summary(changes: Sequence[Change]) -> collections.Counter[str]:
     return collections.Counter(kind for c in changes for kind in c.kinds)
 
 
-# ---------------------------------------------------------------- output
-
-
 def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
     old, new = comparison.old, comparison.new
     lines = [f"Series {old.state.label} -> {new.state.label}", _bases_line(old, new)]
@@ -583,9 +562,6 @@ def _bases_line(old: Side, new: Side) -> str:
     if describe(old) == describe(new):
         return f"Base: {describe(new)} on both sides"
     return f"Base: {describe(old)} -> {describe(new)}"
-
-
-# ---------------------------------------------------------------- command
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,16 +1,10 @@
 """``device-bundle``: what the GPU machine needs to qualify the series, in ``.device/``.
 
-The GPU machine has no network and no vLLM: it gets this folder (the device
-tool carries ``.device``) and ``scripts/device/``, where ``run_all.sh`` does
-the rest.  ``bundle.json`` says what is in it: ``wheels/`` (cp312 manylinux
-x86_64 wheels the GPU image lacks, fetched once with ``pip download`` into
-``work/device-cache``) and ``trees/``: the unpatched base (``vllm/**``,
-``pyproject.toml``, ``tests/**/__init__.py``), an overlay of what the series
-adds or changes, and for each negative control an overlay of the series
-before the patch that adds its test.  Overlays are unpacked over a copy of
-the base tree and list the files they delete, so the device needs neither git
-nor patch.  The trees are built from the materialised base with
-``patchset.am``, as ``apply`` builds them, and cached by base and patch IDs.
+The GPU machine has no network and no vLLM: it gets a copy of this folder and
+of ``scripts/device/``.  ``bundle.json`` lists the wheels the GPU image lacks
+and the trees (the base, the series' overlay, one overlay per negative
+control), built with ``patchset.am`` as ``apply`` builds them; the device
+needs neither git nor patch (qualification/README.md).
 """
 
 from __future__ import annotations
@@ -38,9 +32,6 @@ from .seriestest import is_test_file
 
 BUNDLE_DIR = manifest_mod.ROOT / ".device"
 CACHE_DIR = base_mod.WORK_DIR / "device-cache"
-
-# What the device tool carries in one call: working tree plus carried paths.
-CARRY_LIMIT = 64 * 1024 * 1024
 
 # What vLLM 0.33.0's model_executor.model_loader.{weight_utils,default_loader,
 # reload.layerwise} need on the GPU image (Python 3.12, torch 2.11) and the
@@ -364,14 +355,6 @@ def folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def working_tree_size(repo: Path) -> int:
-    """Bytes of what travels besides carried paths: tracked and untracked files
-    that git does not ignore."""
-    listing = g.out(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    files = [repo / rel for rel in set(listing.split("\0")) if rel]
-    return sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink())
-
-
 def build_bundle(
     manifest: manifest_mod.Manifest,
     out_dir: Path = BUNDLE_DIR,
@@ -432,7 +415,6 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else BUNDLE_DIR
     bundle = build_bundle(manifest, out_dir)
     size = folder_size(out_dir)
-    tree = working_tree_size(manifest_mod.ROOT) if g.is_repo(manifest_mod.ROOT) else 0
     parts = {
         "wheels": folder_size(out_dir / "wheels"),
         **{name: (out_dir / t["archive"]).stat().st_size for name, t in bundle["trees"].items()},
@@ -443,10 +425,6 @@ def run(args: argparse.Namespace) -> int:
     )
     for name, n in parts.items():
         print(f"  {name:<14} {mib(n)}")
-    print(
-        f"  working tree that travels with it: {mib(tree)}; together {mib(size + tree)}"
-        f" of the device tool's {mib(CARRY_LIMIT)}"
-    )
     if bundle["series_tests"]:
         print("  series tests run on the device: " + ", ".join(bundle["series_tests"]))
     for control in bundle["negative_controls"]:
@@ -456,11 +434,6 @@ def run(args: argparse.Namespace) -> int:
         )
     for test in bundle["negative_controls_missing"]:
         print(f"  negative control missing: no patch adds {test}")
-    if size + tree > CARRY_LIMIT:
-        raise SeriesError(
-            f"bundle {mib(size)} + working tree {mib(tree)} exceed the device tool's"
-            f" {mib(CARRY_LIMIT)} per call"
-        )
     print(
         "\nthen, on a GPU machine (README: GPU qualification):\n"
         "  rsync -aR scripts/device .device gpu-host:series/\n"

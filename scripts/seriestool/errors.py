@@ -2,10 +2,8 @@
 
 
 class SeriesError(Exception):
-    """A refusal or failure to report to the user: names the input and the fix.
-
-    The CLI prints the message and exits with ``exit_code`` (1 by default).
-    """
+    """A refusal or failure to report to the user, naming the input and the fix;
+    the CLI prints it and exits with ``exit_code``."""
 
     def __init__(self, message: str, exit_code: int = 1):
         super().__init__(message)

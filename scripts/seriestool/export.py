@@ -1,14 +1,6 @@
-"""``export``: write a branch of a vLLM checkout back into ``patches/``.
-
-Reproducible whatever the user's git configuration: ``git format-patch`` runs
-in a scratch view of the checkout's objects (``scratch.view``) with every
-option a ``format.*`` or ``diff.*`` setting could change given explicitly
-(``FORMAT_PATCH``: full blob ids, so ``git am --3way`` and the placement
-check always have them; no commit ids, numbering or signature, which change
-for no reason).  The manifest is refreshed with it; its ``previous`` and
-``groups`` are kept but for subjects no patch has any more.  Refused, changing
-nothing: an empty range, a merge, uncommitted changes under ``patches/``, an
-empty commit, and a message ``git am`` would not give back as it is.
+"""``export``: write a branch of a vLLM checkout back into ``patches/``,
+reproducibly (``FORMAT_PATCH``, in a ``scratch.view``), refreshing the
+manifest (docs/checkout-safety.md: "What make export refuses").
 """
 
 from __future__ import annotations

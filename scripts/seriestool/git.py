@@ -1,13 +1,6 @@
-"""Thin wrappers around git's own commands, run hermetically.
-
-Every git call of the tooling goes through ``git()``: no system or global
-config (but the user's ``safe.directory`` entries), ``PINNED_CONFIG`` on the
-command-line scope, which beats the repository's own, no hooks and no
-program a setting can name, the ``GIT_*`` environment cleared but for the
-identity, untranslated messages, and a session of its own, so a Ctrl-C
-reaches the tool (``interrupts``), never a git command half-way.  What stays
-the user's: the repository's content conversions (``core.autocrlf``,
-``.gitattributes``), and the identity its commits carry (``user_identity``).
+"""Thin wrappers around git's own commands, run hermetically: no global or
+system config, ``PINNED_CONFIG``, no hooks, a session of its own
+(docs/checkout-safety.md: "Your git configuration...").
 """
 
 from __future__ import annotations
@@ -193,11 +186,6 @@ def rev(repo: Path, ref: str) -> str | None:
     return proc.stdout.strip() or None
 
 
-def rev_list(repo: Path, rev_range: str) -> list[str]:
-    """Non-merge commits of ``rev_range``, oldest first."""
-    return out(repo, "rev-list", "--reverse", "--no-merges", rev_range).split()
-
-
 def has_object(repo: Path, oid: str) -> bool:
     return git(repo, "cat-file", "-e", oid, check=False).returncode == 0
 
@@ -242,12 +230,6 @@ def operation_in_progress(repo: Path) -> str | None:
         if (gdir / marker).exists():
             return name
     return None
-
-
-def tracked_changes(repo: Path) -> list[str]:
-    """Staged or unstaged changes to tracked files (untracked files ignored)."""
-    status = out(repo, "status", "--porcelain=v1", "--untracked-files=no")
-    return [line for line in status.splitlines() if line.strip()]
 
 
 # The committer of commits made only in the tool's own throw-away

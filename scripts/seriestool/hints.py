@@ -1,8 +1,5 @@
-"""Commands the tool prints for the user to run, quoted to paste into a shell.
-
-Every printed command names the tooling folder (``make -C``) or the
-repository (``git -C``), so it works from wherever it is pasted, and quotes
-each value (a path with spaces stays one word).
+"""Commands the tool prints, quoted to paste into a shell from any folder
+(``make -C``, ``git -C``).
 """
 
 from __future__ import annotations

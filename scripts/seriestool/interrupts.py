@@ -1,11 +1,5 @@
-"""SIGINT, SIGTERM and SIGHUP, acted on at safe points only.
-
-While ``deferred()`` is active a signal is only recorded; the next git call
-(``git.git`` calls ``check()``) raises ``Interrupted`` instead of running, so
-a command stops between two git commands and its handlers undo its work,
-``shielded()`` from a second signal.  git runs in a session of its own, out of
-reach of a terminal's Ctrl-C; programs run with ``run()`` (pip, pytest) are
-passed the signal.
+"""SIGINT, SIGTERM and SIGHUP, acted on at safe points only: while
+``deferred()`` is active, the next git call raises ``Interrupted``.
 """
 
 from __future__ import annotations
@@ -62,12 +56,9 @@ class Guard:
 
 @contextlib.contextmanager
 def deferred() -> Iterator[Guard]:
-    """Record signals instead of dying; raise ``Interrupted`` at safe points.
-
-    On leaving, the previous handlers are back; a signal still pending is
-    raised as ``Interrupted`` (unless the block raised already, or marked
-    its work ``completed()``).
-    """
+    """Record signals instead of dying; raise ``Interrupted`` at safe points and,
+    on leaving, for a signal still pending (unless the block raised or was
+    ``completed()``)."""
     global _depth
     guard = Guard()
     if threading.current_thread() is not threading.main_thread():

@@ -1,16 +1,6 @@
-"""Changes to a user's checkout that are undone exactly, even after a crash.
-
-Before its first change a ``Transaction`` writes a journal into the checkout's
-git folder (``seriestool-journal/``): the raw bytes of HEAD, ORIG_HEAD, the
-index and the config, every ref, the paths it may create, and its ``Scope``
-(what the change may write, move or set).  ``rollback()`` puts all of it back:
-tracked files from the saved index (created ones removed when git wrote
-them; untracked and ignored files are never touched), refs, HEAD, index,
-config, and git's leftovers.  ``commit()`` drops the journal.  A journal found
-later is a killed run's: ``refuse_leftover`` names ``seriestool restore``,
-which first refuses (``refuse_foreign_changes``) when the user changed the
-checkout since in ways the change could not have made.  Objects are not
-removed: unreferenced, they change nothing.
+"""Changes to a user's checkout that are undone exactly, even after a crash
+(docs/checkout-safety.md): a ``Transaction`` journals HEAD, index, config,
+refs and its ``Scope`` in the git folder before its first change.
 """
 
 from __future__ import annotations

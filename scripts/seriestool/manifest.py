@@ -1,15 +1,6 @@
-"""The series manifest, ``patches/series.json``: the pinned base and the patches.
-
-It records, once, everything the tooling checks against: the base (vLLM
-version, the upstream commit its sdist records, the sdist's name and sha256,
-the commit the sdist is materialised as, and the blob id in it of every file
-the series touches, ``null`` for a file the series creates); the patches in
-order (file, subject, stable patch ID from ``git patch-id --verbatim``, since
-indentation is meaning in Python, and the sha256 of the file's bytes); the
-upstream regression tests run with every prefix, with what they deselect
-and why; and, in ``"series"``, optionally ``"previous"`` (patch subject ->
-the previous version's subjects it derives from, for ``compare``) and
-``"groups"`` (the pull requests the series goes upstream as, for ``pr``).
+"""The series manifest, ``patches/series.json``: the pinned base (version,
+sdist, commit, blob ids of touched files), the patches (file, subject, stable
+patch ID, sha256), the upstream regression tests, ``previous`` and ``groups``.
 """
 
 from __future__ import annotations

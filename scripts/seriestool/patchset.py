@@ -1,8 +1,5 @@
-"""Patch files and commits as git sees them: stable patch IDs, subjects, paths.
-
-Stable patch IDs are computed by ``git patch-id --verbatim``: unlike the
-default, whitespace changes count, because indentation is meaning in Python
-(an indentation-only change must not look identical).
+"""Patch files and commits as git sees them: stable patch IDs (``git patch-id
+--verbatim``: indentation is meaning in Python), subjects, paths.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Did ``git am`` put a patch where its recorded preimage says it belongs?
-
-git applies a hunk where its context matches nearest, which can be the wrong
-copy of a repeated block.  The patch's ``index`` line names its preimage, so
-for a file whose target blob is not that preimage, ``git am``'s result is
-compared with a 3-way merge (``git merge-file``: the target, the preimage,
-the postimage); on the preimage itself, the result must be the postimage.
+Its result is compared with ``git merge-file`` of target, preimage, postimage.
 """
 
 from __future__ import annotations
@@ -26,12 +21,8 @@ def check(
     image: Image,
     ours: str = "the target",
 ) -> list[str]:
-    """One line per file where ``after`` (``git am``'s result on ``before``)
-    is not what the patch's recorded preimage and postimage give; empty: agreed.
-
-    ``image``: ``patchset.images`` of the patch.  ``ours`` names ``before``
-    in the messages (e.g. "the new base").
-    """
+    """One line per file where ``after`` (``git am``'s result on ``before``, named
+    ``ours`` in the messages) is not what ``image`` gives; empty: agreed."""
     paths = sorted(image)
     target = g.tree_entries(repo, before, paths)
     result = g.tree_entries(repo, after, paths)

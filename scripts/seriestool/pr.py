@@ -1,10 +1,5 @@
-"""``pr``: one pull-request group of the series as a branch, and its description.
-
-The group (``"series"."groups"``) and those it depends on are applied in a
-scratch repository onto the series' base, checked as ``apply`` checks them;
-only then is branch ``pr/<group>`` created, in one atomic step.
-``--signoff``: the user becomes the author and signs each commit off (DCO).
-The description follows vLLM's pull-request template, from the patch messages.
+"""``pr``: one pull-request group of the series as a branch ``pr/<group>``,
+and its description in vLLM's template (README: "Proposing a patch upstream").
 """
 
 from __future__ import annotations
@@ -34,12 +29,8 @@ def make_pr(
     signoff: bool = False,
     log=print,
 ) -> Path:
-    """Create branch ``pr/<name>`` in ``repo`` and write its description; returns its path.
-
-    Raises:
-        SeriesError: a refusal (see the module doc); nothing was changed.
-        interrupts.Interrupted: SIGINT, SIGTERM or SIGHUP; nothing was changed.
-    """
+    """Create branch ``pr/<name>`` in ``repo`` and write its description; returns its
+    path.  A refusal or a signal changes nothing."""
     with interrupts.deferred() as guard:
         if not g.is_repo(repo):
             raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name a vLLM git checkout")

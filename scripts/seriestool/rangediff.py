@@ -23,12 +23,8 @@ _PAIR_HEADER = re.compile(
 
 @dataclasses.dataclass
 class Pair:
-    """One pair header of range-diff output and the body under it.
-
-    ``status``: ``=`` same patch, ``!`` changed, ``<`` only on the left
-    (old) side, ``>`` only on the right (new) side.  Positions are 1-based
-    within each range; None on the side the commit is missing from.
-    """
+    """One pair header of range-diff output (``=``, ``!``, ``<``, ``>``) and its body;
+    positions 1-based, None on the side the commit is missing from."""
 
     status: str
     left: int | None
@@ -82,13 +78,8 @@ def range_diff(
     creation_factor: int | None = None,
     pathspecs: tuple[str, ...] | list[str] = (),
 ) -> str:
-    """``git range-diff old_base..old_tip new_base..new_tip [-- pathspecs]`` (with
-    pathspecs: the commits touching them, their diffs on them only).
-
-    git refuses an empty range ("need two commit ranges"): when a side is
-    empty (an empty series, or every patch dropped) the other side's commits
-    are listed in range-diff's own notation instead.
-    """
+    """``git range-diff old_base..old_tip new_base..new_tip [-- pathspecs]``; git
+    refuses an empty side, whose counterpart is then listed in its notation."""
     if old_tip != old_base and new_tip != new_base:
         factor = [] if creation_factor is None else [f"--creation-factor={creation_factor}"]
         return g.out(repo, "range-diff", "--no-color", *factor, f"{old_base}..{old_tip}",

@@ -1,16 +1,4 @@
-"""``rebase``: carry the series to another upstream revision (docs/rebase.md).
-
-The work happens in a scratch clone under ``work/rebase/<to>/``: the old
-series on the old base (the left side of the range-diff), then each patch onto
-the new base with ``git am --3way``, its result checked against a 3-way merge
-from its recorded preimage (``placement``).  A conflict ends the run, changing
-nothing; with ``--keep-conflict`` its ``git am`` session stays instead, in the
-``--vllm`` checkout (journaled first) or the scratch clone, recorded in
-``work/rebase/state.json`` for ``--continue`` and ``--abort``.  On success the
-new series is exported into ``staging/`` with its manifest, range-diffed and
-tested; only then does it replace ``patches/``, by two renames.  Every run first
-finishes or undoes a replacement that a killed run left half-way.
-"""
+"""``rebase``: carry the series to another upstream revision (docs/rebase.md)."""
 
 from __future__ import annotations
 
@@ -25,6 +13,7 @@ import re
 import shlex
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -74,10 +63,6 @@ MANIFEST = manifest_mod.MANIFEST_PATH.name  # beside the patches: replaced with 
 _CONTINUE, _ABORT = hints.make("rebase", CONTINUE="1"), hints.make("rebase", ABORT="1")
 
 
-# --------------------------------------------------------------------------
-# Session state (work/rebase/state.json)
-
-
 @dataclasses.dataclass
 class PatchStatus:
     """One patch of the old series and what became of it."""
@@ -92,13 +77,9 @@ class PatchStatus:
 
 @dataclasses.dataclass
 class Session:
-    """A rebase from start to finish; saved after every step.
-
-    ``phase``: ``running`` (a process is working on it), ``conflict`` (stopped
-    with the ``git am`` session left for manual resolution), ``applied`` (all
-    patches are through but a later step failed: ``--continue`` retries the
-    success steps), ``swapping`` (replacing ``patches/``).
-    """
+    """A rebase from start to finish, saved after every step; ``phase``: ``running``,
+    ``conflict`` (the ``git am`` session left for resolution), ``applied`` (a
+    step after the patches failed: ``--continue`` retries), ``swapping``."""
 
     to: str
     slug: str
@@ -197,10 +178,6 @@ def state_path() -> Path:
     return base_mod.WORK_DIR / "rebase" / "state.json"
 
 
-# --------------------------------------------------------------------------
-# patches/ swap and its recovery
-
-
 def _siblings(patch_dir: Path) -> tuple[Path, Path, Path]:
     """The swap's (partial, new, old) folders next to ``patch_dir``."""
     name = patch_dir.name
@@ -259,38 +236,20 @@ def swap_in(staging: Path, patch_dir: Path) -> None:
             shutil.copy2(item, partial / item.name, follow_symlinks=False)
     for item in sorted(staging.iterdir()):
         shutil.copyfile(item, partial / item.name)
-    _fsync_tree(partial)
+    for item in partial.iterdir():
+        if item.is_file():
+            with item.open("rb") as f:
+                os.fsync(f.fileno())
     partial.rename(new)
     patch_dir.rename(old)
     new.rename(patch_dir)
     shutil.rmtree(old)
 
 
-def _fsync_tree(folder: Path) -> None:
-    for item in folder.iterdir():
-        if item.is_file():
-            with item.open("rb") as f:
-                os.fsync(f.fileno())
-
-
-# --------------------------------------------------------------------------
-# Targets and bases
-
-
 def parse_version(to: str) -> str | None:
     """``0.32.0`` for ``0.32.0`` or ``v0.32.0``; None when ``to`` is no version."""
     match = VERSION_RE.match(to)
     return match.group(1) if match else None
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "target"
-
-
-def _upstream_commit_of(repo: Path, commit: str) -> str | None:
-    """The abbreviated upstream commit in ``commit``'s ``vllm/_version.py``."""
-    proc = g.git(repo, "show", f"{commit}:vllm/_version.py", check=False)
-    return base_mod.upstream_commit_in(proc.stdout) if proc.returncode == 0 else None
 
 
 def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
@@ -308,10 +267,6 @@ def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
                   text=False)  # fmt: skip
 
 
-# --------------------------------------------------------------------------
-# Start
-
-
 @interrupts.deferring
 def start(
     to: str,
@@ -326,7 +281,10 @@ def start(
 ) -> int:
     """Rebase the series in ``patch_dir`` onto ``to`` (see the module doc): 0 once
     ``patch_dir`` is replaced; else a refusal, with ``patch_dir`` unchanged."""
-    patch_dir = _layout(patch_dir, log)
+    patch_dir = Path(patch_dir).resolve()
+    recover_swap(patch_dir, log)  # finish an interrupted swap first
+    if not patch_dir.is_dir():
+        raise SeriesError(f"patch folder {patch_dir} does not exist")
     _clear_stale_session(log)
     manifest = manifest_mod.load(patch_dir / MANIFEST)
     found = check_manifest.problems(manifest, patch_dir)
@@ -359,7 +317,7 @@ def start(
                 " rebase onto the PyPI sdist of a version"
             )
         kind = "commit"
-        slug = _slug(to)
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", to).strip("._") or "target"
         if version is None and patch_dir == manifest_mod.PATCH_DIR.resolve():
             raise SeriesError(
                 f"{to!r} is a commit, which has no PyPI sdist: rebased onto it,"
@@ -410,7 +368,10 @@ def start(
     log(f"on success this replaces the patches and manifest in {patch_dir} and updates"
         f" {seriesdoc.DOC_NAME} beside it; until then nothing there changes")  # fmt: skip
     try:
-        _copy_series(patch_dir, sess.old_patch_dir)
+        # The rebase's input, frozen: later steps never read patch_dir again.
+        sess.old_patch_dir.mkdir(parents=True)
+        for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
+            shutil.copyfile(item, sess.old_patch_dir / item.name)
         _prepare(sess, manifest, user, new_commit, pip_args, log)
         if _apply_remaining(sess, log):
             return _finish(sess, log, guard)
@@ -427,22 +388,6 @@ def _free_branch(repo: Path, branch: str) -> str:
         n += 1
         name = f"{branch}-{n}"
     return name
-
-
-def _layout(patch_dir: Path, log: Log) -> Path:
-    """The resolved patch folder, after finishing an interrupted swap."""
-    patch_dir = Path(patch_dir).resolve()
-    recover_swap(patch_dir, log)
-    if not patch_dir.is_dir():
-        raise SeriesError(f"patch folder {patch_dir} does not exist")
-    return patch_dir
-
-
-def _copy_series(patch_dir: Path, dest: Path) -> None:
-    """The rebase's input, frozen: later steps never read ``patch_dir`` again."""
-    dest.mkdir(parents=True)
-    for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
-        shutil.copyfile(item, dest / item.name)
 
 
 def _old_manifest(sess: Session) -> manifest_mod.Manifest:
@@ -468,7 +413,10 @@ def _prepare(
         base_mod.clone(new_repo, scratch)
         sess.target = {
             "version": version,
-            "upstream_commit": _upstream_commit_of(new_repo, new_commit) or "",
+            "upstream_commit": base_mod.upstream_commit_in(  # no such file: empty stdout
+                g.git(new_repo, "show", f"{new_commit}:vllm/_version.py", check=False).stdout
+            )
+            or "",
             "sdist_filename": base_mod.sdist_filename(mb.project, version),
             "sha256": sha256,
         }
@@ -577,11 +525,8 @@ def _old_base(
 def _history_range(
     scratch: Path, manifest: manifest_mod.Manifest, old_base: str, new_base: str
 ) -> str | None:
-    """``old..new`` of upstream history, when both bases share it (else None).
-
-    Bases imported from sdists are unrelated root commits: no history to
-    search.  In a real vLLM checkout the manifest's upstream commit resolves.
-    """
+    """``old..new`` of upstream history, when both bases share it (else None:
+    bases imported from sdists are unrelated root commits)."""
     for ref in (manifest.base.upstream_commit, old_base):
         old = g.rev(scratch, ref) if ref else None
         if not old or old == new_base:
@@ -589,10 +534,6 @@ def _history_range(
         if g.git(scratch, "merge-base", old, new_base, check=False).returncode == 0:
             return f"{old}..{new_base}"
     return None
-
-
-# --------------------------------------------------------------------------
-# Applying patch by patch
 
 
 def _apply_remaining(sess: Session, log: Log) -> bool:
@@ -650,14 +591,9 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
 def _leave_placement_conflict(
     sess: Session, checkout: Path, patch: Path, image: patchset.Image
 ) -> None:
-    """For ``--keep-conflict``: the patch's ``git am`` stopped before its commit,
-    each disputed file holding the 3-way merge from the recorded preimage
-    (with conflict markers and unmerged stages where that merge conflicts).
-
-    ``git am`` is made to stop by a ``pre-applypatch`` hook of the tool's own
-    that fails; ``git am --continue`` (``CONTINUE=1``) then commits the
-    resolution.
-    """
+    """For ``--keep-conflict``: the patch's ``git am`` stopped (by a failing
+    ``pre-applypatch`` hook) before its commit, each disputed file holding the
+    3-way merge from the recorded preimage, conflicts as unmerged stages."""
     g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
     hooks = sess.work_dir / "stop-hook"
     hooks.mkdir(parents=True, exist_ok=True)
@@ -695,12 +631,8 @@ def _upstream_commit_with_patch_id(
 
 
 def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
-    """Patch, unmerged files with the kind of each conflict, and git's own error lines.
-
-    ``git_output``: stderr of the plain ``git apply --check`` (it names each
-    patch hunk that no longer applies, as ``patch failed: FILE:LINE``) and of
-    ``git am --3way``.
-    """
+    """Patch, unmerged files with the kind of each conflict, and git's own error
+    lines (``git_output``: stderr of ``git apply --check`` and ``git am --3way``)."""
     lines = [f"patch: {patch_file}"]
     conflicted = {path for _code, path in patchset.unmerged_paths(checkout)}
     lines += patchset.conflict_lines(checkout, ours="the new base") or [
@@ -755,12 +687,8 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
         _discard(sess, log)
     raise SeriesError(
         f"{sess.patches[sess.next].file} conflicts with {sess.target['version']}{what}\n"
-        f"{_indent(sess.conflict)}\n{then}report: {sess.report_path}"
+        f"{textwrap.indent(sess.conflict, '  ')}\n{then}report: {sess.report_path}"
     )
-
-
-def _indent(text: str) -> str:
-    return "\n".join(f"  {line}" for line in text.splitlines())
 
 
 @interrupts.shielded()
@@ -837,10 +765,6 @@ def _clear_stale_session(log: Log) -> None:
     log(f"discarding the scratch work of an interrupted rebase to {sess.to}"
         f" (pid {sess.pid}); {Path(sess.patch_dir).name}/ was not touched")  # fmt: skip
     _discard(sess, log)
-
-
-# --------------------------------------------------------------------------
-# Continue and abort
 
 
 @interrupts.deferring
@@ -966,10 +890,6 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
     return 0
 
 
-# --------------------------------------------------------------------------
-# Success steps
-
-
 def _finish(
     sess: Session, log: Log, guard: interrupts.Guard, force_command: str | None = None
 ) -> int:
@@ -1086,13 +1006,9 @@ def _finish(
 
 
 def _keep_branch(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> None:
-    """Keep the rebased series as the branch ``apply`` would make for it, in
-    the default checkout (made from the new base if absent).
-
-    Only a ref (and the objects it needs) is added; nothing else of the
-    checkout changes: ``make apply`` there then names the one command that
-    switches to it.  A failure is a note: ``patches/`` holds the result.
-    """
+    """Keep the rebased series as the branch ``apply`` would make, in the default
+    checkout (made from the new base if absent): only a ref and its objects are
+    added.  A failure is a note: ``patches/`` holds the result."""
     checkout = default_checkout()
     new_repo = base_mod.base_repo_path(manifest.base.project, manifest.base.version)
     try:
@@ -1197,10 +1113,6 @@ def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tupl
     )
 
 
-# --------------------------------------------------------------------------
-# Report
-
-
 def _write_report(
     sess: Session,
     result: str,
@@ -1284,10 +1196,6 @@ def _write_report(
     if not quiet:
         log(text)
         log(f"report written to {sess.report_path}")
-
-
-# --------------------------------------------------------------------------
-# Command line
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,9 +1,5 @@
-"""``restore``: put back a checkout that an interrupted command left part-way.
-
-It rolls back the journal (``journal``) that a killed command left behind,
-and nothing else; it refuses, listing them, when the checkout changed
-since in ways that command could not have made, unless ``--force``
-(``FORCE=1``).  Runs with the system Python alone (no .venv needed).
+"""``restore``: roll back the journal an interrupted command left, and nothing
+else (docs/checkout-safety.md).  Runs with the system Python alone.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Throw-away repositories that read a user's objects and nothing else of theirs.
-
-A scratch repository borrows objects through ``objects/info/alternates``
-(nothing is copied) and has none of the user's configuration, hooks,
-attributes, replace refs or notes, so what git produces there does not
-depend on how the user set up their repository: ``view`` (bare, for
-reading history) and ``checkout`` (a sparse work tree of the given paths,
-for ``git am``).  ``quarantine`` keeps the objects a change of the user's
-repository writes aside until it succeeds.
+"""Throw-away repositories that read a user's objects (``alternates``) and
+nothing else of theirs: ``view``, ``checkout`` (sparse), ``quarantine``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""SERIES.md's facts that ``patches/series.json`` records, rewritten from it.
-
-``sync`` rewrites just those cells ("Order and why" subjects, the "Stable
-patch IDs" table, the facts of "Base"), leaving every other line as it was;
-``export`` and a successful ``rebase`` call it.  A row follows its patch by
-subject; a new patch gets a row whose concern says to write one.
+"""SERIES.md's facts that ``patches/series.json`` records, rewritten from it
+(``sync``), leaving every other line as it was.
 """
 
 from __future__ import annotations
@@ -14,8 +10,8 @@ from pathlib import Path
 from . import manifest as manifest_mod
 
 DOC_NAME = "SERIES.md"
-_ROW = re.compile(r"^\|\s*(\d{4})\s*\|\s*`([^`]*)`\s*\|(.*)$")
-_BASE_ROW = re.compile(r"^(\|\s*([a-z ]+?)\s*\|)(.*)$")
+ROW = re.compile(r"^\|\s*(\d{4})\s*\|\s*`([^`]*)`\s*\|(.*)$")
+_BASEROW = re.compile(r"^(\|\s*([a-z ]+?)\s*\|)(.*)$")
 
 
 def doc_for(patch_dir: Path) -> Path:
@@ -23,7 +19,7 @@ def doc_for(patch_dir: Path) -> Path:
     return Path(patch_dir).resolve().parent / DOC_NAME
 
 
-def _section(lines: list[str], title: str) -> tuple[int, int] | None:
+def section(lines: list[str], title: str) -> tuple[int, int] | None:
     """``(first, end)`` line indexes of the body of section ``## title``."""
     try:
         start = lines.index(f"## {title}") + 1
@@ -35,14 +31,14 @@ def _section(lines: list[str], title: str) -> tuple[int, int] | None:
 
 def _rewrite_rows(lines: list[str], title: str, rows_for) -> None:
     """Replace the ``| NNNN | `value` |...`` rows of a section with ``rows_for(old rows)``."""
-    span = _section(lines, title)
+    span = section(lines, title)
     if span is None:
         return
     start, end = span
-    at = [i for i in range(start, end) if _ROW.match(lines[i])]
+    at = [i for i in range(start, end) if ROW.match(lines[i])]
     if not at:
         return
-    old = [_ROW.match(lines[i]).groups() for i in at]
+    old = [ROW.match(lines[i]).groups() for i in at]
     lines[at[0] : at[-1] + 1] = rows_for(old)
 
 
@@ -79,9 +75,9 @@ def render(text: str, manifest: manifest_mod.Manifest) -> str:
     _rewrite_rows(lines, "Stable patch IDs", lambda _old: [
         f"| {p.file[:4]} | `{p.patch_id}` |" for p in manifest.patches
     ])  # fmt: skip
-    span = _section(lines, "Base")
+    span = section(lines, "Base")
     for i in range(*span) if span else ():
-        if match := _BASE_ROW.match(lines[i]):
+        if match := _BASEROW.match(lines[i]):
             lines[i] = match[1] + _base_value(match[2], match[3], manifest.base)
     return "\n".join(lines)
 

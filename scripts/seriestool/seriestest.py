@@ -1,17 +1,6 @@
-"""``test-series``: every prefix of the series applies and passes its tests.
-
-Each prefix is applied with ``git am --3way`` onto a clone of the materialised
-base, and pytest runs the vLLM test files its patches add or change; the
-full prefix also runs the manifest's upstream regression tests, the
-apply/export round trip (the export must give ``patches/`` back byte for
-byte) and ruff with vLLM's own configuration on every touched Python file.
-Then each upstream group (``"series"."groups"``) alone, with the groups it
-depends on (``group_plan``).  vLLM's tests run on CPU with
-``VLLM_TARGET_DEVICE=cpu`` (a source tree has no package metadata to detect a
-platform from), vLLM's own ``tests/conftest.py`` loaded, CUDA tests skipped
-with their reason, and pytest's status 5 (nothing collected) a failure.  Each
-failed step ends the output with a line ``failed step: <what>``, which
-``rebase`` quotes.
+"""``test-series``: every prefix of the series applies and passes its tests,
+then each upstream group alone (docs/testing.md); each failed step ends the
+output with ``failed step: <what>``, which ``rebase`` quotes.
 """
 
 from __future__ import annotations
@@ -198,11 +187,9 @@ def check_prefixes(
 
 
 def group_plan(manifest: manifest_mod.Manifest) -> list[tuple[str, list[int] | None, str]]:
-    """What ``test-series`` does with each group: ``(name, the indexes of the
-    patches to test, or None: none, what they are or why none)``.  A group's
-    patches are its dependencies' and its own; a set tested already (a prefix,
-    another group) is not tested again, nor a fork-only group.  The groups
-    must be valid (``manifest.group_problems``)."""
+    """``(name, indexes of the patches to test or None, what they are or why none)``
+    per valid group: its dependencies' patches and its own, unless a prefix or
+    another group tested that set already, or the group is fork-only."""
     index = {p.file: n for n, p in enumerate(manifest.patches)}
     done = {
         tuple(range(k)): f"prefix 0001..{p.file[:4]}" for k, p in enumerate(manifest.patches, 1)

@@ -1,10 +1,4 @@
-"""``status`` and ``remove``: which series a checkout carries; taking it out.
-
-``status`` only reads, judging by blob ids as ``apply`` does
-(``versions.held_in``).  ``remove`` switches back to where ``apply`` started
-(its branch, else its base commit), with ``apply``'s journaled switch; the
-series branch stays unless ``--delete-branch``.
-"""
+"""``status`` and ``remove``: which series a checkout carries; taking it out."""
 
 from __future__ import annotations
 

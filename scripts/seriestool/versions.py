@@ -1,8 +1,5 @@
-"""Series versions: states of ``patches/`` in this repository's history.
-
-Version N is the newest commit, from HEAD back through the commits that change
-``patches/``, whose manifest records N; a commit-ish names a state directly,
-and the working tree's ``patches/`` is one too.  All is read from git objects.
+"""Series versions: states of ``patches/`` in this repository's history, read
+from git objects.
 """
 
 from __future__ import annotations
@@ -43,10 +40,8 @@ class SeriesVersion:
 
 
 def history(repo: Path) -> Iterator[tuple[str, str | None]]:
-    """``(commit, version)`` of each commit changing ``patches/``, newest first.
-
-    ``version`` is None where the commit's manifest is missing or records none.
-    """
+    """``(commit, version)`` of each commit changing ``patches/``, newest first
+    (``version`` None where its manifest is missing or records none)."""
     if g.rev(repo, "HEAD") is None:
         return
     for commit in g.out(repo, "rev-list", "--topo-order", "HEAD", "--", PATCH_DIR).split():

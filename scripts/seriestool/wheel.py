@@ -1,12 +1,5 @@
-"""``wheel``: an installable patched vLLM, made from the released wheel of the base.
-
-The released wheel (``pip download --no-deps``, once, into ``work/wheel-cache``)
-must hold each ``vllm/`` file the series adds, changes or deletes exactly as
-the base does, else the build is refused, naming the file, before anything is
-written.  Those files are replaced; METADATA's version becomes a PEP 440 local
-version naming the series (``0.33.0+instanttensor.v4``, which ``vllm==0.33.0``
-accepts), the dist-info folder is renamed and RECORD rewritten.  Tags and all
-other files stay as released, each checked against the released RECORD.
+"""``wheel``: an installable patched vLLM, made from the released wheel of the
+base (README: "Quick start").
 """
 
 from __future__ import annotations

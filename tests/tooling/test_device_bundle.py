@@ -804,7 +804,7 @@ def test_many_tensor_rows_and_rounds_chosen(series_bundle, tmp_path):
     assert all(c["runs"] == 2 for c in many["configs"].values())
     status = (tmp_path / "out" / "summary.md").read_text().splitlines()[2]
     assert status.count("`bash scripts/device/run_all.sh --") == 1 and "--out" not in status
-    assert f" --only many --many-configs '{rows}' --many-rounds 2   (device tool" in status
+    assert f" --only many --many-configs '{rows}' --many-rounds 2`" in status
 
 
 def test_tp2_on_cpu(series_bundle, tmp_path):
