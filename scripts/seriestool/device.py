@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,10 +62,10 @@ PLATFORMS = (
     *(f"manylinux_2_{n}_x86_64" for n in (5, 17, 24, 26, 27, 28, 31, 34, 35, 39)),
 )
 
-# Test files whose CUDA tests must fail on the series prefix before the patch
-# that adds them: evidence that the test detects the defect the patch fixes.
+# Tests (files or node ids) whose CUDA tests must fail on the series prefix
+# before the patch that adds them: evidence that they detect what it fixes.
 NEGATIVE_CONTROLS: tuple[str, ...] = (
-    "tests/model_executor/model_loader/test_reload_deferred_ownership.py",
+    "tests/model_executor/model_loader/test_reload.py::test_reloaded_attention_calls_own_their_sources",
 )
 
 # Fixed metadata for archive members: the archives depend on content only.
@@ -133,15 +134,19 @@ def changed_files(checkout: Path, base_rev: str) -> tuple[list[str], list[str]]:
     return sorted(changed), sorted(deleted)
 
 
-def adding_patch(checkout: Path, base_rev: str, path: str) -> int | None:
-    """Index (0-based) of the series commit that adds ``path``, or None."""
+def adding_patch(checkout: Path, base_rev: str, test: str) -> int | None:
+    """Index (0-based) of the commit adding ``test`` (file or file::function), or None."""
+    path, _, name = test.partition("::")
     commits = g.out(checkout, "rev-list", "--reverse", f"{base_rev}..HEAD").split()
-    added = g.out(
-        checkout, "log", "--diff-filter=A", "--format=%H", f"{base_rev}..HEAD", "--", path
-    ).split()
-    if not added:
-        return None
-    return commits.index(added[-1])
+    pick = [f"-Sdef {name}("] if name else ["--diff-filter=A"]
+    added = g.out(checkout, "log", *pick, "--format=%H", f"{base_rev}..HEAD", "--", path).split()
+    return commits.index(added[-1]) if added else None
+
+
+def added_tests(checkout: Path, base_rev: str, path: str) -> list[str]:
+    """Node ids of the tests the series adds to ``path``: in an upstream file only those run."""
+    diff = g.out(checkout, "diff", "-U0", base_rev, "HEAD", "--", path)
+    return [f"{path}::{n}" for n in re.findall(r"^\+(?:async )?def (test_\w+)\(", diff, re.M)]
 
 
 def _cached(key: str, name: str, build: Callable[[Path], dict], log) -> tuple[Path, dict]:
@@ -177,13 +182,8 @@ def build_trees(
     ).hexdigest()[:16]
     trees_dir = out_dir / "trees"
     trees_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {
-        "trees": {},
-        "series_tests": [],
-        "tests_not_run": [],
-        "negative_controls": [],
-        "negative_controls_missing": [],
-    }
+    keys = ("series_tests", "tests_not_run", "negative_controls", "negative_controls_missing")
+    result: dict = {"trees": {}, **{key: [] for key in keys}}
 
     with tempfile.TemporaryDirectory(prefix="device-", dir=_scratch_root()) as tmp_name:
         tmp = Path(tmp_name)
@@ -241,16 +241,16 @@ def build_trees(
             "patches": [p.name for p in patches],
             **meta,
         }
-        added = {p for p in changed if is_test_file(p)}
-        result["series_tests"] = sorted(
-            p
-            for p in added
-            if g.out(series, "cat-file", "-t", f"{base_commit}:{p}", check=False) != "blob"
-        )
-        result["tests_not_run"] = sorted(added - set(result["series_tests"]))
+        tests = [p for p in changed if is_test_file(p)]
+        upstream = [p for p in tests if g.out(series, "cat-file", "-t", f"{base_commit}:{p}",
+                                              check=False) == "blob"]  # fmt: skip
+        nodes = {p: added_tests(series, base_commit, p) for p in upstream}
+        result["series_tests"] = [p for p in tests if p not in nodes] + sum(nodes.values(), [])
+        result["tests_not_run"] = [p for p in upstream if not nodes[p]]
 
         for test in negative_controls:
-            index = adding_patch(series, base_commit, test) if test in changed else None
+            path = test.partition("::")[0]
+            index = adding_patch(series, base_commit, test) if path in changed else None
             if index is None:
                 result["negative_controls_missing"].append(test)
                 log(f"note: no patch of the series adds {test}; negative control skipped")
@@ -258,7 +258,7 @@ def build_trees(
             without = patches[index]
             name = f"before-{without.name[:4]}"
             co = checkout(name, patches[:index])
-            archive, meta = _cached(series_key, name, pack_overlay(co, [test]), log)
+            archive, meta = _cached(series_key, name, pack_overlay(co, [path]), log)
             shutil.copy2(archive, trees_dir / f"{name}.tar.xz")
             result["trees"][name] = {
                 "archive": f"trees/{name}.tar.xz",

@@ -77,7 +77,9 @@ def toy(make_repo, tmp_path, monkeypatch):
         {
             "vllm/old.py": None,
             "vllm/loader.py": "def load(x):\n    # three\n    return x\n",
-            "tests/model/test_upstream.py": "def test_up():\n    assert True\n",
+            "tests/model/test_upstream.py": (
+                "def test_up():\n    assert True\n\n\ndef test_new():\n    pass\n"
+            ),
         },
     )
     patch_dir = tmp_path / "patches"
@@ -105,8 +107,12 @@ def test_overlays_reproduce_the_patched_checkouts(toy, tmp_path):
     )
     bundle = {"trees": meta["trees"]}
     assert set(meta["trees"]) == {"base", "series", "before-0002"}
-    assert meta["series_tests"] == ["tests/model/test_control.py", "tests/model/test_one.py"]
-    assert meta["tests_not_run"] == ["tests/model/test_upstream.py"]
+    assert meta["series_tests"] == [
+        "tests/model/test_control.py",
+        "tests/model/test_one.py",
+        "tests/model/test_upstream.py::test_new",  # upstream file: only what the series adds
+    ]
+    assert meta["tests_not_run"] == []
     assert meta["negative_controls"] == [
         {"tree": "before-0002", "test": CONTROL, "without_patch": patches[1].name, "expect": "fail"}
     ]
