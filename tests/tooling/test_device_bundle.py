@@ -711,14 +711,20 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     control = controls[0]["tree"]
     for prefix in ("base (always copies)", "series COPY=1", "series COPY=0"):
         for key in (prefix, f"{prefix} tp=8"):
-            assert deferred[key]["n_mismatched_modules"] == 0, key
+            if "COPY=0" in key and "error" in deferred[key]:
+                # On CPU the stand-in's borrowed tensors are CPU sources, which
+                # layerwise loading queues: their use after the iterator moved
+                # on fails, naming the fix, and never loads wrong values.
+                assert "instanttensor_copy" in deferred[key]["error"], deferred[key]
+                continue
+            assert deferred[key].get("n_mismatched_modules") == 0, (key, deferred[key])
     for key in (f"{control} COPY=0 (no ownership)", f"{control} COPY=0 (no ownership) tp=8"):
         assert "error" not in deferred[key], key
     peaks = res["deferred"]["processing_peak"]
     assert peaks["shape"] == [256, 256] and "base" in peaks and "series" in peaks
     cpu = res["deferred"]["cpu_sources_peak"]
     assert cpu["base"] > 0 and cpu["ratio"] is not None  # materialized bytes on CPU
-    whole, local = deferred["series COPY=0"], deferred["series COPY=0 tp=8"]
+    whole, local = deferred["series COPY=1"], deferred["series COPY=1 tp=8"]
     assert local["tp_local_bound_bytes"] * 8 == whole["tp_local_bound_bytes"]
     assert local["materialised_bytes"] < whole["materialised_bytes"] / 4
 
@@ -734,8 +740,11 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     assert all("first_tensor_s" in p for p in res["many"]["profile_first"].values())
 
     targets = {t["name"]: t for t in res["targets"]}
-    assert len(targets) == 20 and not any("ambitious" in name for name in targets)
+    assert len(targets) == 26 and not any("ambitious" in name for name in targets)
+    refused = {k for k, c in deferred.items() if "error" in c}  # borrowed CPU sources, above
     for name, t in targets.items():
+        if name.startswith("deferred") and refused:
+            continue
         assert t["value"] is not None, name
     summary = (tmp_path / "out" / "summary.md").read_text()
     for heading in ("Reading one", "Staging bound", "Deferred ownership", "## Targets"):
