@@ -54,8 +54,7 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
 
 def remove(repo: Path, delete_branch: bool = False, log=print,
            patch_dir: Path = manifest_mod.PATCH_DIR) -> int:  # fmt: skip
-    """Switch ``repo`` from its series branch back to where apply started it; a
-    refusal (SeriesError) or a signal (Interrupted) leaves it unchanged."""
+    """Switch ``repo`` back to where apply started it; a refusal or a signal changes nothing."""
     with apply.interrupts.deferred() as guard, journal.locked(Path(repo)):
         repo, branch, head = _open(repo)
         apply.refuse_unsafe_state(repo)
@@ -65,7 +64,10 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
                 f"HEAD of {repo} is on no branch that `make apply` made (none records"
                 f" branch.<name>.{apply.SERIES_BASE_KEY}); check out the series branch first"
             )
-        if delete_branch and (mine := versions.foreign_commits(repo, base, head, patch_dir)):
+        mine = versions.foreign_commits(repo, base, head, patch_dir) if delete_branch else []
+        here = g.out(repo, "rev-list", head, "--not", f"--exclude=refs/heads/{branch}",
+                     "--glob=refs/heads")  # fmt: skip
+        if mine := [c for c in mine if c in here.split()]:  # another branch's are not lost
             listing = g.out(repo, "log", "--no-walk=unsorted", "--format=%h %s", *mine)
             raise SeriesError(
                 f"branch {branch} holds {len(mine)} commit(s) of no series version this"

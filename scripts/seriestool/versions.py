@@ -40,8 +40,7 @@ class SeriesVersion:
 
 
 def history(repo: Path) -> Iterator[tuple[str, str | None]]:
-    """``(commit, version)`` of each commit changing ``patches/``, newest first
-    (``version`` None where its manifest is missing or records none)."""
+    """``(commit, version or None)`` of each commit changing ``patches/``, newest first."""
     if g.rev(repo, "HEAD") is None:
         return
     for commit in g.out(repo, "rev-list", "--topo-order", "HEAD", "--", PATCH_DIR).split():
@@ -214,8 +213,7 @@ def _known_patch_ids(patch_dir: Path) -> set[str]:
 
 
 def foreign_commits(repo: Path, base: str, head: str, patch_dir: Path) -> list[str]:
-    """Commits of ``base..head`` that are no patch of a series version this
-    repository knows (by stable patch ID): the user's own work.  Merges count."""
+    """Commits of ``base..head`` that are no known series patch (by patch ID): the user's."""
     known = _known_patch_ids(patch_dir)
     log = g.git(repo, "log", "-p", "--no-merges", "--no-renames", "--full-index", "--no-color",
                 "--format=commit %H", f"{base}..{head}", text=False).stdout  # fmt: skip

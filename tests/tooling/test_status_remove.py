@@ -101,6 +101,21 @@ def test_remove_delete_refuses_a_branch_holding_a_commit_of_the_users(toy_series
     status_mod.remove(repo.path, log=lambda *_: None, patch_dir=patch_dir)
 
 
+def test_remove_delete_after_keeping_the_users_commit_as_printed(toy_series):
+    """The refusal's command keeps the user's commit on a branch of its own;
+    pasted, DELETE=1 then drops the series branch and the commit stays."""
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    mine = repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
+    with pytest.raises(SeriesError) as e:
+        status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None, patch_dir=patch_dir)
+    keep = str(e.value).split("a branch of their own (`", 1)[1].split("`", 1)[0]
+    subprocess.run(keep, shell=True, check=True, capture_output=True)
+    status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None, patch_dir=patch_dir)
+    assert repo.git("rev-parse", "my-work").strip() == mine
+    assert manifest.branch_name not in repo.git("branch", "--list")
+
+
 def test_apply_refuses_a_kept_branch_holding_more_than_the_series(toy_series):
     repo, manifest, patch_dir = toy_series
     _apply(repo, manifest, patch_dir)
