@@ -111,6 +111,11 @@ def _apply(
     # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
     branch = manifest.branch_name
     if differ and g.rev(repo, f"refs/heads/{branch}"):
+        # HEAD on it: `git checkout` of it, as _in_the_way says, would not help
+        on = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) == f"refs/heads/{branch}"
+        recorded = g.out(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
+        if on and recorded:
+            raise SeriesError(_changed_on_branch(repo, branch, recorded, head, patch_dir))
         raise SeriesError(_in_the_way(repo, branch, "HEAD does not carry the series"))
     if differ:
         held = versions.held_in(repo, head, patch_dir)
@@ -185,6 +190,24 @@ def _in_the_way(repo: Path, branch: str, why: str) -> str:
         f" commits (`{hints.git(repo, 'branch', '-m', branch, branch + '-old')}`), and run"
         " again (`git branch -D` would delete its commits)"
     )
+
+
+def _changed_on_branch(repo: Path, branch: str, base: str, head: str, patch_dir: Path) -> str:
+    """The refusal on the series branch whose commits changed the series' files
+    (an amended patch): the way to keep them, then apply the series again."""
+    mine = versions.listing(repo, versions.foreign_commits(repo, base, head, patch_dir))
+    patches = hints.patches_var(patch_dir)
+    return (
+        f"HEAD of {repo} is on the series branch {branch}, whose files are not the series'"
+        f" result: it holds {len(mine)} commit(s) that are no patch of a series version this"
+        " repository knows (an amended patch, a commit of yours); nothing was changed:\n  "
+        + "\n  ".join(mine) + "\nTo apply the series as it is, keep them on a branch of"
+        " their own and take the series out, then run apply again:\n    "
+        + hints.git(repo, "branch", "-m", branch, f"{branch}-mine") + " && "
+        + hints.make("remove", VLLM=str(repo), PATCHES=patches) + "\nor, to make them"
+        f' patches of the series, `{hints.make("export", VLLM=str(repo), PATCHES=patches)}`'
+        ' (README: "Changing a patch")'
+    )  # fmt: skip
 
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,

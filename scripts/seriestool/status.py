@@ -39,9 +39,10 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
     else:
         log("series: none; HEAD's files are not the pinned base's either")
     base = _recorded(repo, branch, apply.SERIES_BASE_KEY)
-    if base and held:
-        beyond = len(versions.foreign_commits(repo, base, head, patch_dir))
-        log(f"base: {base} (recorded by apply); commits beyond the series on {branch}: {beyond}")
+    if base:  # the commits remove DELETE=1 and apply refuse over, named
+        mine = versions.listing(repo, versions.foreign_commits(repo, base, head, patch_dir))
+        log(f"base: {base} (recorded by apply); commits on {branch} that are no series patch:"
+            f" {len(mine)}" + "".join(f"\n  {line}" for line in mine))  # fmt: skip
     elif held:
         log("base: not recorded (HEAD is on no branch that `make apply` made)")
     if not base and not at_base:

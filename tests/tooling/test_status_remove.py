@@ -39,12 +39,45 @@ def test_status_names_version_base_and_commits_beyond(toy_series):
     _apply(repo, manifest, patch_dir)
     shown = _status(repo, patch_dir)
     assert "series: v1 (working tree), all 2 patches applied" in shown
+    assert f"base: {base} (recorded by apply); commits on {manifest.branch_name} that are" in shown
+
+
+def _amend(repo) -> str:
+    """``git commit --amend`` of the series' top commit, changing a file it patches."""
+    repo.write({"pkg/loader.py": "def load(x):\n    # first\n    return x + 1\n"})
+    repo.git("commit", "-q", "-a", "--amend", "--no-edit")
+    return repo.head()
+
+
+@pytest.mark.parametrize("change", ["amend", "commit"])
+def test_status_names_each_commit_on_the_branch_that_is_not_the_series(toy_series, change):
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    mine = _amend(repo) if change == "amend" else repo.commit("my own work", {"pkg/other.py": "2"})
+    subject = "[Loader] second change" if change == "amend" else "my own work"
     assert (
-        f"base: {base} (recorded by apply); commits beyond the series on {manifest.branch_name}: 0"
-        in shown
+        f"commits on {manifest.branch_name} that are no series patch: 1\n  {mine[:12]} {subject}"
+        in _status(repo, patch_dir)
     )
-    repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
-    assert f"commits beyond the series on {manifest.branch_name}: 1" in _status(repo, patch_dir)
+
+
+def test_apply_on_the_series_branch_with_an_amended_patch_prints_a_way_out_that_runs(toy_series):
+    """Not `git checkout` of the branch HEAD is on: the printed command keeps the
+    amended commit on a branch of its own and takes the series out; apply then runs."""
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    amended = _amend(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="is on the series branch") as e:
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before
+    assert f"{amended[:12]} [Loader] second change" in str(e.value)
+    [command] = [line[4:] for line in str(e.value).splitlines() if line.startswith("    ")]
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _apply(repo, manifest, patch_dir)
+    assert "all 2 patches applied" in _status(repo, patch_dir)
+    assert repo.git("rev-parse", f"{manifest.branch_name}-mine") == amended
 
 
 @pytest.mark.parametrize("detached", [False, True])
