@@ -149,6 +149,37 @@ def test_remove_delete_after_keeping_the_users_commit_as_printed(toy_series):
     assert manifest.branch_name not in repo.git("branch", "--list")
 
 
+@pytest.mark.parametrize("mine", [None, "refused", "on another branch"])
+def test_remove_delete_after_a_plain_remove_deletes_the_kept_branch(toy_series, mine):
+    """DELETE=1 on the branch a plain remove went back to deletes the series branch
+    it kept, refusing as on the branch itself a commit no other branch holds."""
+    repo, manifest, patch_dir = toy_series
+    before = snapshot(repo)
+    _apply(repo, manifest, patch_dir)
+    if mine:
+        commit = repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
+        if mine == "on another branch":
+            repo.git("branch", "my-work")
+    status_mod.remove(repo.path, log=lambda *_: None, patch_dir=patch_dir)
+    if mine == "refused":
+        kept = snapshot(repo)
+        with pytest.raises(SeriesError, match="holds 1 commit\\(s\\) of no series") as e:
+            status_mod.remove(repo.path, delete_branch=True, patch_dir=patch_dir)
+        assert f"{commit[:12]} my own work" in str(e.value) and snapshot(repo) == kept
+        assert "without DELETE=1" not in str(e.value)  # that remove was run already
+        keep = str(e.value).split("a branch of their own (`", 1)[1].split("`", 1)[0]
+        subprocess.run(keep, shell=True, check=True, capture_output=True)
+    status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None, patch_dir=patch_dir)
+    assert manifest.branch_name not in repo.git("branch", "--list")
+    assert manifest.branch_name not in repo.git("config", "--local", "--list")
+    if mine:
+        assert repo.git("rev-parse", "my-work") == commit
+    else:
+        after = snapshot(repo)
+        del before["raw"], after["raw"]
+        assert after == before
+
+
 def test_apply_refuses_a_kept_branch_holding_more_than_the_series(toy_series):
     repo, manifest, patch_dir = toy_series
     _apply(repo, manifest, patch_dir)
