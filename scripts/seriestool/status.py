@@ -65,6 +65,11 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
                 f"HEAD of {repo} is on no branch that `make apply` made (none records"
                 f" branch.<name>.{apply.SERIES_BASE_KEY}); check out the series branch first"
             )
+        trees = g.out(repo, "worktree", "list", "--porcelain").splitlines()
+        if series != branch and f"branch refs/heads/{series}" in trees:  # HEAD of another worktree
+            listed = hints.git(repo, "worktree", "list")
+            raise SeriesError(f"branch {series} is checked out in another worktree (`{listed}`):"
+                              " check out another branch there; nothing was changed")  # fmt: skip
         mine = versions.foreign_commits(repo, base, tip, patch_dir) if delete_branch else []
         here = g.out(repo, "rev-list", tip, "--not", f"--exclude=refs/heads/{series}",
                      "--glob=refs/heads", *(["HEAD"] if series != branch else []))  # fmt: skip

@@ -180,6 +180,18 @@ def test_remove_delete_after_a_plain_remove_deletes_the_kept_branch(toy_series, 
         assert after == before
 
 
+def test_remove_delete_refuses_a_kept_branch_checked_out_in_another_worktree(toy_series, tmp_path):
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    status_mod.remove(repo.path, log=lambda *_: None, patch_dir=patch_dir)
+    repo.git("worktree", "add", "-q", str(tmp_path / "other"), manifest.branch_name)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="is checked out in another worktree"):
+        status_mod.remove(repo.path, delete_branch=True, patch_dir=patch_dir)
+    assert snapshot(repo) == before
+    assert Repo(tmp_path / "other").git("status", "--porcelain") == ""  # still on its branch
+
+
 def test_apply_refuses_a_kept_branch_holding_more_than_the_series(toy_series):
     repo, manifest, patch_dir = toy_series
     _apply(repo, manifest, patch_dir)
