@@ -59,12 +59,8 @@ def refuse_unsafe_state(repo: Path) -> None:
         )
 
 
-def apply_series(
-    repo: Path,
-    manifest: manifest_mod.Manifest,
-    patch_dir: Path = manifest_mod.PATCH_DIR,
-    log=print,
-) -> int:
+def apply_series(repo: Path, manifest: manifest_mod.Manifest,
+                 patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> int:  # fmt: skip
     """Apply the series onto ``repo``'s HEAD on a new branch (see the module doc);
     0 when applied or already there.  A refusal, failure or signal changes nothing."""
     with interrupts.deferred() as guard, journal.locked(Path(repo)):
@@ -74,10 +70,7 @@ def apply_series(
 def _apply(
     repo: Path, manifest: manifest_mod.Manifest, patch_dir: Path, log, guard: interrupts.Guard
 ) -> int:
-    if not g.is_repo(repo):
-        raise SeriesError(
-            f"{hints.no_checkout(repo)}: VLLM= must name the top of a vLLM git checkout"
-        )
+    repo = g.checkout_top(repo)  # a folder inside a bigger repository is refused
     problems = check_manifest.problems(manifest, patch_dir)
     if problems:
         raise SeriesError(
@@ -86,7 +79,6 @@ def _apply(
             + f"\n{hints.fix_series(patch_dir)}.  A patch is changed as a commit of the series"
             ' branch of an applied checkout, then exported (README: "Changing a patch")'
         )
-    repo = g.checkout_top(repo)  # a folder inside a bigger repository is refused
     refuse_unsafe_state(repo)
     if not manifest.patches:
         log("the series is empty; nothing to apply")
@@ -111,6 +103,10 @@ def _apply(
     # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
     branch = manifest.branch_name
     if differ and g.rev(repo, f"refs/heads/{branch}"):
+        # HEAD on it: `git checkout` of it, as _in_the_way says, would not help
+        on = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) == f"refs/heads/{branch}"
+        if on and (recorded := g.branch_config(repo, branch, SERIES_BASE_KEY)):
+            raise SeriesError(_changed_on_branch(repo, branch, recorded, head, patch_dir))
         raise SeriesError(_in_the_way(repo, branch, "HEAD does not carry the series"))
     if differ:
         held = versions.held_in(repo, head, patch_dir)
@@ -158,9 +154,9 @@ def _switch_to_kept(repo, branch, head, kept, start_from, result, paths, created
                     guard) -> int:  # fmt: skip
     """The series branch is there already (``make remove`` keeps it): switch to it
     if it is this series on HEAD's commit and nothing else, else refuse."""
-    recorded = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
+    recorded = g.branch_config(repo, branch, SERIES_BASE_KEY)
     mine = versions.foreign_commits(repo, head, kept, patch_dir)
-    if g.rev(repo, recorded.stdout.strip() or "-") != head or mine or g.blob_ids(
+    if g.rev(repo, recorded or "-") != head or mine or g.blob_ids(
         repo, kept, paths) != result:  # fmt: skip
         what = (f"{len(mine)} commit(s) of no series version this repository knows"
                 if mine else "not this series on HEAD's commit")  # fmt: skip
@@ -185,6 +181,24 @@ def _in_the_way(repo: Path, branch: str, why: str) -> str:
         f" commits (`{hints.git(repo, 'branch', '-m', branch, branch + '-old')}`), and run"
         " again (`git branch -D` would delete its commits)"
     )
+
+
+def _changed_on_branch(repo: Path, branch: str, base: str, head: str, patch_dir: Path) -> str:
+    """The refusal on the series branch whose commits changed the series' files
+    (an amended patch): the way to keep them, then apply the series again."""
+    mine = versions.listing(repo, versions.foreign_commits(repo, base, head, patch_dir))
+    patches = hints.patches_var(patch_dir)
+    return (
+        f"HEAD of {repo} is on the series branch {branch}, whose files are not the series'"
+        f" result: it holds {len(mine)} commit(s) that are no patch of a series version this"
+        " repository knows (an amended patch, a commit of yours); nothing was changed:\n  "
+        + "\n  ".join(mine) + "\nTo apply the series as it is, keep them on a branch of"
+        " their own and take the series out, then run apply again:\n    "
+        + hints.git(repo, "branch", "-m", branch, f"{branch}-mine") + " && "
+        + hints.make("remove", VLLM=str(repo), PATCHES=patches) + "\nor, to make them"
+        f' patches of the series, `{hints.make("export", VLLM=str(repo), PATCHES=patches)}`'
+        ' (README: "Changing a patch")'
+    )  # fmt: skip
 
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
@@ -284,8 +298,7 @@ def _upgrade(repo: Path, head: str, held: versions.Held, manifest, patch_dir: Pa
     the upgrade: a branch of this version from the commit that one started from."""
     apply_again = hints.make("apply", VLLM=str(repo), PATCHES=hints.patches_var(patch_dir))
     branch = g.out(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-    config = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
-    start = (branch and config.stdout.strip()) or g.rev(repo, f"{head}~{held.held}")
+    start = g.branch_config(repo, branch, SERIES_BASE_KEY) or g.rev(repo, f"{head}~{held.held}")
     paths = sorted(held.manifest.base.touched_files)
     found = f"{repo} carries series {held.state.label} ({held.held} of {held.total} patches)"
     if not start or g.blob_ids(repo, start, paths) != held.manifest.base.touched_files:
@@ -298,15 +311,9 @@ def _upgrade(repo: Path, head: str, held: versions.Held, manifest, patch_dir: Pa
     )
 
 
-def _build(
-    repo: Path,
-    start: str,
-    patches: list[Path],
-    images: list,
-    result: dict[str, str | None],
-    paths: list[str],
-    objects: dict[str, str],
-) -> tuple[str, list[str]]:
+def _build(repo: Path, start: str, patches: list[Path], images: list,
+           result: dict[str, str | None], paths: list[str],
+           objects: dict[str, str]) -> tuple[str, list[str]]:  # fmt: skip
     """The series' commits on ``start``, made in a scratch repository, then fetched
     into ``repo``'s quarantine ``objects`` (no ref, no file of it changes)."""
     identity = g.user_identity(repo)

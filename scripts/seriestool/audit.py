@@ -210,16 +210,10 @@ def audit(
     return report
 
 
-def _classify(
-    scratch: Path,
-    base: str,
-    series_commits: list[str],
-    cons: str,
-    paths: list[str],
-    cons_ids: list[tuple[str, str]],
-    results: list[PatchResult],
-    creation_factor: int | None,
-) -> tuple[list[ExtraCommit], list[FileState]]:
+def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, paths: list[str],
+              cons_ids: list[tuple[str, str]], results: list[PatchResult],
+              creation_factor: int | None,
+              ) -> tuple[list[ExtraCommit], list[FileState]]:  # fmt: skip
     """Fill ``results`` in place; return the extra commits and the end state."""
     pathspecs = [f":(literal){p}" for p in paths]
     series_tip = series_commits[-1]

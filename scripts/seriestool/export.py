@@ -130,10 +130,7 @@ def resolve_base(
 ) -> str:
     """The base commit in ``repo``: given; where ``apply`` started ``branch``
     (``branch.<name>.seriesBase``); the materialised base; or upstream's."""
-    recorded = None
-    if branch:
-        proc = g.git(repo, "config", "--get", f"branch.{branch}.{SERIES_BASE_KEY}", check=False)
-        recorded = proc.stdout.strip() or None
+    recorded = g.branch_config(repo, branch, SERIES_BASE_KEY)
     candidates = [base] if base else [recorded, manifest.base.commit, manifest.base.upstream_commit]
     for ref in candidates:
         if ref and (commit := g.rev(repo, ref)):
@@ -145,17 +142,10 @@ def resolve_base(
 
 
 @interrupts.deferring
-def export_series(
-    repo: Path,
-    manifest: manifest_mod.Manifest,
-    branch: str,
-    base: str | None = None,
-    patch_dir: Path = manifest_mod.PATCH_DIR,
-    manifest_path: Path = manifest_mod.MANIFEST_PATH,
-    log=print,
-    *,
-    guard: interrupts.Guard,
-) -> list[Path]:
+def export_series(repo: Path, manifest: manifest_mod.Manifest, branch: str,
+                  base: str | None = None, patch_dir: Path = manifest_mod.PATCH_DIR,
+                  manifest_path: Path = manifest_mod.MANIFEST_PATH, log=print, *,
+                  guard: interrupts.Guard) -> list[Path]:  # fmt: skip
     """Export ``base..branch`` of ``repo`` into ``patch_dir`` and refresh the manifest;
     ``patch_dir`` changes only once everything succeeded."""
     if not g.rev(repo, branch):

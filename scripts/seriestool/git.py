@@ -171,6 +171,11 @@ def checkout_top(path: Path) -> Path:
     return top
 
 
+def branch_config(repo: Path, branch: str | None, key: str) -> str | None:
+    """``branch.<branch>.<key>`` (what apply records), None when unset."""
+    return (branch and out(repo, "config", "--get", f"branch.{branch}.{key}", check=False)) or None
+
+
 def git_dir(repo: Path) -> Path:
     return Path(out(repo, "rev-parse", "--absolute-git-dir"))
 

@@ -45,15 +45,13 @@ def user_path(value: str) -> Path:
     return Path(os.path.expanduser(value))
 
 
-def no_checkout(path: Path) -> str:
-    """Says that ``path`` is no git checkout, naming a relative path with its
+def no_checkout(path: Path, what: str = "a git checkout") -> str:
+    """Says that ``path`` is not ``what``, naming a relative path with its
     absolute one too (make runs in the tooling folder: a relative ``VLLM=``
     is taken from there, not from where make was started with ``-C``)."""
     path = Path(path)
     shown = str(path) if path.is_absolute() else f"{path} (that is {path.resolve()})"
-    return (
-        f"{shown} does not exist" if not os.path.lexists(path) else f"{shown} is not a git checkout"
-    )
+    return f"{shown} does not exist" if not os.path.lexists(path) else f"{shown} is not {what}"
 
 
 def fix_series(patch_dir: Path) -> str:

@@ -21,20 +21,13 @@ from .errors import SeriesError
 TITLE = re.compile(r"(What changes|Why|Contract|Compatibility|Validation)( \(.*\))?")
 
 
-def make_pr(
-    repo: Path,
-    manifest: manifest_mod.Manifest,
-    name: str,
-    patch_dir: Path = manifest_mod.PATCH_DIR,
-    signoff: bool = False,
-    log=print,
-) -> Path:
+def make_pr(repo: Path, manifest: manifest_mod.Manifest, name: str,
+            patch_dir: Path = manifest_mod.PATCH_DIR, signoff: bool = False,
+            log=print) -> Path:  # fmt: skip
     """Create branch ``pr/<name>`` in ``repo`` and write its description; returns its
     path.  A refusal or a signal changes nothing."""
     with interrupts.deferred() as guard:
-        if not g.is_repo(repo):
-            raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name a vLLM git checkout")
-        repo = g.toplevel(repo)
+        repo = g.checkout_top(repo)  # pr/<group> is a branch of the whole repository
         problems = check_manifest.problems(manifest, patch_dir)
         if problems := problems + manifest_mod.group_problems(manifest):
             raise SeriesError(

@@ -20,11 +20,6 @@ def _open(repo: Path) -> tuple[Path, str | None, str | None]:
     return repo, branch, g.rev(repo, "HEAD")
 
 
-def _recorded(repo: Path, branch: str | None, key: str) -> str | None:
-    proc = g.git(repo, "config", "--get", f"branch.{branch}.{key}", check=False)
-    return (branch and proc.stdout.strip()) or None
-
-
 def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> int:
     """Print which series ``repo``'s HEAD carries, on which base, and what is beyond it."""
     repo, branch, head = _open(repo)
@@ -38,10 +33,11 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
         log(f"series: none; HEAD has the files of the pinned base, {b.project} {b.version}")
     else:
         log("series: none; HEAD's files are not the pinned base's either")
-    base = _recorded(repo, branch, apply.SERIES_BASE_KEY)
-    if base and held:
-        beyond = len(versions.foreign_commits(repo, base, head, patch_dir))
-        log(f"base: {base} (recorded by apply); commits beyond the series on {branch}: {beyond}")
+    base = g.branch_config(repo, branch, apply.SERIES_BASE_KEY)
+    if base:  # the commits remove DELETE=1 and apply refuse over, named
+        mine = versions.listing(repo, versions.foreign_commits(repo, base, head, patch_dir))
+        log(f"base: {base} (recorded by apply); commits on {branch} that are no series patch:"
+            f" {len(mine)}" + "".join(f"\n  {line}" for line in mine))  # fmt: skip
     elif held:
         log("base: not recorded (HEAD is on no branch that `make apply` made)")
     if not base and not at_base:
@@ -54,31 +50,43 @@ def status(repo: Path, patch_dir: Path = manifest_mod.PATCH_DIR, log=print) -> i
 
 def remove(repo: Path, delete_branch: bool = False, log=print,
            patch_dir: Path = manifest_mod.PATCH_DIR) -> int:  # fmt: skip
-    """Switch ``repo`` back to where apply started it; a refusal or a signal changes nothing."""
+    """Switch ``repo`` back to where apply started it (with ``delete_branch``, on no
+    series branch: delete the one a plain remove kept); a refusal or a signal changes nothing."""
     with apply.interrupts.deferred() as guard, journal.locked(Path(repo)):
         repo, branch, head = _open(repo)
         apply.refuse_unsafe_state(repo)
-        base = _recorded(repo, branch, apply.SERIES_BASE_KEY)
-        if not base:
+        series, base = branch, g.branch_config(repo, branch, apply.SERIES_BASE_KEY)
+        if not base and delete_branch:  # the series branch a plain remove kept
+            series = manifest_mod.load(patch_dir / versions.MANIFEST).branch_name
+            base = g.branch_config(repo, series, apply.SERIES_BASE_KEY)
+        tip = head if series == branch else g.rev(repo, f"refs/heads/{series}")
+        if not base or not tip:
             raise SeriesError(
                 f"HEAD of {repo} is on no branch that `make apply` made (none records"
                 f" branch.<name>.{apply.SERIES_BASE_KEY}); check out the series branch first"
             )
-        mine = versions.foreign_commits(repo, base, head, patch_dir) if delete_branch else []
-        here = g.out(repo, "rev-list", head, "--not", f"--exclude=refs/heads/{branch}",
-                     "--glob=refs/heads")  # fmt: skip
+        trees = g.out(repo, "worktree", "list", "--porcelain").splitlines()
+        if series != branch and f"branch refs/heads/{series}" in trees:  # HEAD of another worktree
+            listed = hints.git(repo, "worktree", "list")
+            raise SeriesError(f"branch {series} is checked out in another worktree (`{listed}`):"
+                              " check out another branch there; nothing was changed")  # fmt: skip
+        mine = versions.foreign_commits(repo, base, tip, patch_dir) if delete_branch else []
+        here = g.out(repo, "rev-list", tip, "--not", f"--exclude=refs/heads/{series}",
+                     "--glob=refs/heads", *(["HEAD"] if series != branch else []))  # fmt: skip
         if mine := [c for c in mine if c in here.split()]:  # another branch's are not lost
-            listing = g.out(repo, "log", "--no-walk=unsorted", "--format=%h %s", *mine)
+            keep = (f"`{hints.make('remove', VLLM=str(repo))}` (without DELETE=1) keeps the"
+                    " branch; " if series == branch else "")  # fmt: skip
             raise SeriesError(
-                f"branch {branch} holds {len(mine)} commit(s) of no series version this"
+                f"branch {series} holds {len(mine)} commit(s) of no series version this"
                 f" repository knows, which DELETE=1 would delete; nothing was changed:\n  "
-                + listing.replace("\n", "\n  ")
-                + f"\n`{hints.make('remove', VLLM=str(repo))}`"
-                " (without DELETE=1) keeps the branch; to delete it all the same, first keep"
-                f" them on a branch of their own (`{hints.git(repo, 'branch', 'my-work', head)}`)"
+                + "\n  ".join(versions.listing(repo, mine))
+                + f"\n{keep}to delete it all the same, first keep"
+                f" them on a branch of their own (`{hints.git(repo, 'branch', 'my-work', tip)}`)"
             )
-        start = _recorded(repo, branch, apply.SERIES_FROM_KEY) or base
+        start = g.branch_config(repo, branch, apply.SERIES_FROM_KEY) or base
         start = start if g.rev(repo, start) else base  # the branch apply started from is gone
+        if series != branch:  # HEAD stays where it is
+            start = f"refs/heads/{branch}" if branch else head
         target = g.rev(repo, start)
         changed = g.out(repo, "diff-tree", "-r", "-z", "--name-only", head, target).split("\0")
         paths = sorted(p for p in changed if p)
@@ -90,26 +98,26 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
                 f"{start} has files where {repo} has untracked or ignored ones; remove never"
                 " overwrites them:\n  " + "\n  ".join(in_the_way) + "\nmove them away and run again"
             )
-        ref = f"refs/heads/{branch}"
-        recorded = {f"branch.{branch}.{key}": _recorded(repo, branch, key)
+        ref = f"refs/heads/{series}"
+        recorded = {f"branch.{series}.{key}": g.branch_config(repo, series, key)
                     for key in (apply.SERIES_BASE_KEY, apply.SERIES_FROM_KEY)}  # fmt: skip
-        keys = [f"branch.{branch}.{key}" for key in (apply.SERIES_BASE_KEY, apply.SERIES_FROM_KEY)
-                if delete_branch and _recorded(repo, branch, key)]  # fmt: skip
+        keys = [key for key, value in recorded.items() if delete_branch and value]
         scope = journal.Scope(
             paths={p: [then[p]] if then[p] else [] for p in paths},
             refs={start if start.startswith("refs/") else "HEAD": [target],
                   **({ref: []} if delete_branch else {})},
             config=dict.fromkeys(keys),  # unset
         )  # fmt: skip
-        after = [("update-ref", "-d", ref, head)] if delete_branch else []
+        after = [("update-ref", "-d", ref, tip)] if delete_branch else []
         after += [("config", "--unset", key) for key in keys]
         apply.switch(repo, "remove", head, target, start, scope, created, log, after=after)
         guard.completed()
-    log(f"removed the series from {repo}: HEAD is on {start.removeprefix('refs/heads/')}")
-    back = " && ".join([hints.git(repo, "branch", branch, head)] + [
+    if series == branch:
+        log(f"removed the series from {repo}: HEAD is on {start.removeprefix('refs/heads/')}")
+    back = " && ".join([hints.git(repo, "branch", series, tip)] + [
         hints.git(repo, "config", k, v) for k, v in recorded.items() if v])  # fmt: skip
-    log(f"deleted branch {branch} (`{back}` brings it back)" if delete_branch
-        else f"branch {branch} is kept (DELETE=1 deletes it)")  # fmt: skip
+    log(f"deleted branch {series} (`{back}` brings it back)" if delete_branch
+        else f"branch {series} is kept (DELETE=1 deletes it)")  # fmt: skip
     return 0
 
 

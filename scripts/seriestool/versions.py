@@ -221,3 +221,9 @@ def foreign_commits(repo: Path, base: str, head: str, patch_dir: Path) -> list[s
                                                     input=log).splitlines())  # fmt: skip
     return [c for c in g.out(repo, "rev-list", "--reverse", f"{base}..{head}").split()
             if ids.get(c) not in known]  # fmt: skip
+
+
+def listing(repo: Path, commits: list[str]) -> list[str]:
+    """``<short sha> <subject>`` of each of ``commits``."""
+    listed = g.out(repo, "log", "--no-walk=unsorted", "--format=%h %s", *commits) if commits else ""
+    return listed.splitlines()

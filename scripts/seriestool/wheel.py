@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import base as base_mod
 from . import git as g
-from . import interrupts, patchset
+from . import hints, interrupts, patchset
 from . import manifest as manifest_mod
 from .device import changed_files
 from .errors import SeriesError
@@ -91,14 +91,8 @@ def set_version(metadata: bytes, version: str) -> bytes:
     return head + sep + body
 
 
-def build(
-    base_repo: Path,
-    base_branch: str,
-    patches: Sequence[Path],
-    released: Path,
-    series_version: str,
-    out_dir: Path = OUT_DIR,
-) -> Path:
+def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: Path,
+          series_version: str, out_dir: Path = OUT_DIR) -> Path:  # fmt: skip
     """Write the patched wheel into ``out_dir``, in place of any other wheel of the
     project there; returns its path."""
     project, version, tags = released.name[: -len(".whl")].split("-", 2)
@@ -184,9 +178,13 @@ def write(zout: zipfile.ZipFile, info: zipfile.ZipInfo, chunks) -> tuple[str, st
 
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
-    repo, _commit, _sha = base_mod.materialise_pinned(manifest)
     project, version = manifest.base.project, manifest.base.version
-    released = Path(args.wheel) if args.wheel else released_wheel(project, version)
+    if args.wheel and not args.wheel.is_file():  # before the base is materialised
+        raise SeriesError(f"WHEEL=: {hints.no_checkout(args.wheel, 'a file')}; it names the"
+                          f" released wheel of {project} {version} ({project}-{version}-*.whl)"
+                          " you have; without WHEEL= it is downloaded from PyPI")  # fmt: skip
+    repo, _commit, _sha = base_mod.materialise_pinned(manifest)
+    released = args.wheel or released_wheel(project, version)
     if not released.name.startswith(f"{project}-{version}-"):
         raise SeriesError(f"{released.name} is not a wheel of {project} {version}, the base")
     patches = manifest.patch_paths()
@@ -199,5 +197,5 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("wheel", help="a patched vLLM wheel from the released one")
-    p.add_argument("--wheel", help="the released wheel to patch (default: fetched into work/)")
+    p.add_argument("--wheel", type=hints.user_path, help="the released wheel (default: fetched)")
     p.set_defaults(func=run)

@@ -109,3 +109,8 @@ def test_the_quick_start_installs_what_make_wheel_writes():
     patches = "".join(p.read_text() for p in (ROOT / "patches").glob("*.patch"))
     for key in set(re.findall(r"\b(instanttensor_[a-z_]+|INSTANTTENSOR_[A-Z_]+)", text)):
         assert key in patches, key
+
+
+def test_the_readme_stays_short():
+    """At most 250 lines, read through by a new user; the details are under docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250

@@ -39,12 +39,45 @@ def test_status_names_version_base_and_commits_beyond(toy_series):
     _apply(repo, manifest, patch_dir)
     shown = _status(repo, patch_dir)
     assert "series: v1 (working tree), all 2 patches applied" in shown
+    assert f"base: {base} (recorded by apply); commits on {manifest.branch_name} that are" in shown
+
+
+def _amend(repo) -> str:
+    """``git commit --amend`` of the series' top commit, changing a file it patches."""
+    repo.write({"pkg/loader.py": "def load(x):\n    # first\n    return x + 1\n"})
+    repo.git("commit", "-q", "-a", "--amend", "--no-edit")
+    return repo.head()
+
+
+@pytest.mark.parametrize("change", ["amend", "commit"])
+def test_status_names_each_commit_on_the_branch_that_is_not_the_series(toy_series, change):
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    mine = _amend(repo) if change == "amend" else repo.commit("my own work", {"pkg/other.py": "2"})
+    subject = "[Loader] second change" if change == "amend" else "my own work"
     assert (
-        f"base: {base} (recorded by apply); commits beyond the series on {manifest.branch_name}: 0"
-        in shown
+        f"commits on {manifest.branch_name} that are no series patch: 1\n  {mine[:12]} {subject}"
+        in _status(repo, patch_dir)
     )
-    repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
-    assert f"commits beyond the series on {manifest.branch_name}: 1" in _status(repo, patch_dir)
+
+
+def test_apply_on_the_series_branch_with_an_amended_patch_prints_a_way_out_that_runs(toy_series):
+    """Not `git checkout` of the branch HEAD is on: the printed command keeps the
+    amended commit on a branch of its own and takes the series out; apply then runs."""
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    amended = _amend(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="is on the series branch") as e:
+        _apply(repo, manifest, patch_dir)
+    assert snapshot(repo) == before
+    assert f"{amended[:12]} [Loader] second change" in str(e.value)
+    [command] = [line[4:] for line in str(e.value).splitlines() if line.startswith("    ")]
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _apply(repo, manifest, patch_dir)
+    assert "all 2 patches applied" in _status(repo, patch_dir)
+    assert repo.git("rev-parse", f"{manifest.branch_name}-mine") == amended
 
 
 @pytest.mark.parametrize("detached", [False, True])
@@ -114,6 +147,49 @@ def test_remove_delete_after_keeping_the_users_commit_as_printed(toy_series):
     status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None, patch_dir=patch_dir)
     assert repo.git("rev-parse", "my-work").strip() == mine
     assert manifest.branch_name not in repo.git("branch", "--list")
+
+
+@pytest.mark.parametrize("mine", [None, "refused", "on another branch"])
+def test_remove_delete_after_a_plain_remove_deletes_the_kept_branch(toy_series, mine):
+    """DELETE=1 on the branch a plain remove went back to deletes the series branch
+    it kept, refusing as on the branch itself a commit no other branch holds."""
+    repo, manifest, patch_dir = toy_series
+    before = snapshot(repo)
+    _apply(repo, manifest, patch_dir)
+    if mine:
+        commit = repo.commit("my own work", {"pkg/other.py": "VALUE = 2\n"})
+        if mine == "on another branch":
+            repo.git("branch", "my-work")
+    status_mod.remove(repo.path, log=lambda *_: None, patch_dir=patch_dir)
+    if mine == "refused":
+        kept = snapshot(repo)
+        with pytest.raises(SeriesError, match="holds 1 commit\\(s\\) of no series") as e:
+            status_mod.remove(repo.path, delete_branch=True, patch_dir=patch_dir)
+        assert f"{commit[:12]} my own work" in str(e.value) and snapshot(repo) == kept
+        assert "without DELETE=1" not in str(e.value)  # that remove was run already
+        keep = str(e.value).split("a branch of their own (`", 1)[1].split("`", 1)[0]
+        subprocess.run(keep, shell=True, check=True, capture_output=True)
+    status_mod.remove(repo.path, delete_branch=True, log=lambda *_: None, patch_dir=patch_dir)
+    assert manifest.branch_name not in repo.git("branch", "--list")
+    assert manifest.branch_name not in repo.git("config", "--local", "--list")
+    if mine:
+        assert repo.git("rev-parse", "my-work") == commit
+    else:
+        after = snapshot(repo)
+        del before["raw"], after["raw"]
+        assert after == before
+
+
+def test_remove_delete_refuses_a_kept_branch_checked_out_in_another_worktree(toy_series, tmp_path):
+    repo, manifest, patch_dir = toy_series
+    _apply(repo, manifest, patch_dir)
+    status_mod.remove(repo.path, log=lambda *_: None, patch_dir=patch_dir)
+    repo.git("worktree", "add", "-q", str(tmp_path / "other"), manifest.branch_name)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="is checked out in another worktree"):
+        status_mod.remove(repo.path, delete_branch=True, patch_dir=patch_dir)
+    assert snapshot(repo) == before
+    assert Repo(tmp_path / "other").git("status", "--porcelain") == ""  # still on its branch
 
 
 def test_apply_refuses_a_kept_branch_holding_more_than_the_series(toy_series):

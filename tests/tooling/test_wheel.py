@@ -188,6 +188,29 @@ def test_a_member_that_does_not_match_the_release_record_is_refused(toy, tmp_pat
     assert list((tmp_path / "out").iterdir()) == []
 
 
+@pytest.mark.parametrize("given", ["missing", "relative", "folder"])
+def test_a_released_wheel_that_is_not_there_is_named(tmp_path, monkeypatch, capsys, given):
+    """WHEEL= naming no file: said so before the base is materialised (not a
+    hint about free space), with what WHEEL= expects."""
+    from seriestool import cli
+
+    base = manifest_mod.load().base
+    name = f"{base.project}-{base.version}-{TAGS}.whl"
+    path = {"missing": tmp_path / name, "relative": Path("nowhere") / name,
+            "folder": tmp_path / name}[given]  # fmt: skip
+    if given == "folder":
+        path.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(base_mod, "materialise_pinned", lambda _m: (tmp_path, "", ""))
+    monkeypatch.setattr(wheel, "series_files", lambda *_a: {})
+    assert cli.main(["wheel", "--wheel", str(path)]) == 1
+    error = capsys.readouterr().err
+    shown = str(path) if given != "relative" else f"{path} (that is {tmp_path / path})"
+    assert f"WHEEL=: {shown} {'is not a file' if given == 'folder' else 'does not exist'}" in error
+    assert f"released wheel of {base.project} {base.version}" in error
+    assert "free space" not in error
+
+
 def test_the_local_version_names_the_series_and_keeps_the_pin():
     specifiers = pytest.importorskip("packaging.specifiers")
     version = wheel.local_version("0.33.0", "4")
