@@ -65,8 +65,8 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
                 f"HEAD of {repo} is on no branch that `make apply` made (none records"
                 f" branch.<name>.{apply.SERIES_BASE_KEY}); check out the series branch first"
             )
-        trees = g.out(repo, "worktree", "list", "--porcelain").splitlines()
-        if series != branch and f"branch refs/heads/{series}" in trees:  # HEAD of another worktree
+        trees = g.out(repo, "worktree", "list", "--porcelain") if series != branch else ""
+        if f"branch refs/heads/{series}" in trees.splitlines():  # HEAD of another worktree
             listed = hints.git(repo, "worktree", "list")
             raise SeriesError(f"branch {series} is checked out in another worktree (`{listed}`):"
                               " check out another branch there; nothing was changed")  # fmt: skip
@@ -83,10 +83,11 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
                 + f"\n{keep}to delete it all the same, first keep"
                 f" them on a branch of their own (`{hints.git(repo, 'branch', 'my-work', tip)}`)"
             )
-        start = g.branch_config(repo, branch, apply.SERIES_FROM_KEY) or base
-        start = start if g.rev(repo, start) else base  # the branch apply started from is gone
         if series != branch:  # HEAD stays where it is
             start = f"refs/heads/{branch}" if branch else head
+        else:  # where apply started it, or the base where that branch is gone
+            start = g.branch_config(repo, branch, apply.SERIES_FROM_KEY) or base
+            start = start if g.rev(repo, start) else base
         target = g.rev(repo, start)
         changed = g.out(repo, "diff-tree", "-r", "-z", "--name-only", head, target).split("\0")
         paths = sorted(p for p in changed if p)
