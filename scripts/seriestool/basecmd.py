@@ -16,8 +16,12 @@ from .errors import SeriesError
 
 
 def ruff_pin(pre_commit_config: str) -> str:
-    """``ruff==X`` from the ruff-pre-commit hook's ``rev: vX`` line (else SeriesError)."""
-    match = re.search(r"ruff-pre-commit\s*\n\s*rev:\s*v?([0-9][^\s]*)", pre_commit_config)
+    """``ruff==X`` from the ruff-pre-commit hook's ``rev: vX`` line, or from the
+    ``# frozen: vX`` comment of a rev frozen to a commit (else SeriesError)."""
+    match = re.search(
+        r"ruff-pre-commit\s*\n\s*rev:\s*(?:[0-9a-f]{40}\s*#\s*frozen:\s*)?v?([0-9][^\s]*)",
+        pre_commit_config,
+    )
     if not match:
         raise SeriesError("the base's .pre-commit-config.yaml pins no ruff version")
     return f"ruff=={match.group(1)}"

@@ -135,3 +135,13 @@ def test_a_relative_work_dir_is_made_absolute(tmp_path):
         check=True,
     ).stdout.strip()
     assert out == str(tmp_path / "w")
+
+
+@pytest.mark.parametrize(
+    "rev", ["v0.14.0", "f368fb366ff7f2f808dd324b83a6d32267799e19  # frozen: v0.14.0"]
+)
+def test_ruff_pin_reads_a_version_or_a_frozen_rev(rev):
+    from seriestool.basecmd import ruff_pin
+
+    config = f"repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  rev: {rev}\n"
+    assert ruff_pin(config) == "ruff==0.14.0"
