@@ -696,7 +696,7 @@ def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict], until: flo
             )
         )
     out: dict = {"dir": folder, "tp": TP, "configs": {}}
-    # One layer processed (fp8): peak memory, v0.33.0's queue against the series.
+    # One layer processed (fp8): peak memory, the base release's queue against the series.
     peaks: dict = {"shape": SIZES["layer_shape"]}
     for wname in ("base", "series"):
         results = [W[wname].call("processing_peak", shape=SIZES["layer_shape"]) for _ in range(2)]
@@ -814,7 +814,7 @@ def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
 
 
 MANY_REPEATS = 4
-BASE_BOUND = "base v0.33.0, INSTANTTENSOR_BUFFER_SIZE at the bound"
+BASE_BOUND = "base release, INSTANTTENSOR_BUFFER_SIZE at the bound"
 COPY_FALSE = {"instanttensor_copy": False}
 
 
@@ -826,13 +826,13 @@ def many_configs(ck: dict) -> list:
     bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}
     keeps = {"extra": COPY_FALSE, "keep_owned": True}
     configs = [
-        ("base v0.33.0", "base", {}),
+        ("base release", "base", {}),
         ("series, options unset", "series", {}),
         ("series, instanttensor_copy: false", "series", {"extra": COPY_FALSE}),
         ("series, borrowed, consumer keeps an owned tensor", "series", keeps),
         ("series bound", "series", {"env": bound}),
         ("series bound, pinned staging", "series", {"env": bound, "extra": PINNED}),
-        # The bound's own cost: InstantTensor's ring at the bound, in v0.33.0.
+        # The bound's own cost: InstantTensor's ring at the bound, in the base release.
         (BASE_BOUND, "base", {"env": bound}),
     ]
     part = {"dir": ck["many"]["part"]["dir"], "dests": ck["many"]["dir"]}
@@ -891,12 +891,12 @@ def bench_many(
     out["profile_first"] = {
         label: W[wname].call("profile_first", timeout=60, **{"dir": info["dir"], **kw})
         for label, wname, kw in configs
-        if label in ("base v0.33.0", "series, options unset", "series bound")
+        if label in ("base release", "series, options unset", "series bound")
     }
     for label, s in out["configs"].items():
         if not label.startswith("check cost"):
-            # A bounded load against v0.33.0 with its ring at the same bound.
-            s["base"] = BASE_BOUND if label.startswith("series bound") else "base v0.33.0"
+            # A bounded load against the base release with its ring at the same bound.
+            s["base"] = BASE_BOUND if label.startswith("series bound") else "base release"
             base = out["configs"].get(s["base"], {})
             s["ratio_vs_base"] = common.ratio(s["median_s"], base.get("median_s"))
             # Interference only adds time: the best rounds compare the cost.

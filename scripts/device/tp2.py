@@ -12,7 +12,7 @@ and ``tp2.log`` (this script and both ranks) to ``--out``.
 Two checkpoints are written to tmpfs: *typical* (tensors above the 256 MiB
 bound only in the first and last shards, under 10 % of the bytes) and *heavy*
 (half the bytes above the bound, in every shard).  On each, in interleaved
-rounds, every rank loads with: v0.33.0's iterator (the base tree's, options
+rounds, every rank loads with: the base release's iterator (the base tree's, options
 unset: InstantTensor's collective call), InstantTensor per rank, and the
 series' iterator unset, borrowed (COPY=0), bounded, and bounded with pinned
 staging.  A load is timed on each rank to the end of the consumer's copies
@@ -134,7 +134,7 @@ def write_checkpoints(root: Path, small: bool) -> dict:
 
 
 def load_base_iterator(base_tree: str):
-    """v0.33.0's ``instanttensor_weights_iterator``: the base tree's
+    """The base release's ``instanttensor_weights_iterator``: the base tree's
     weight_utils module, loaded beside the series' (it imports the rest of
     vLLM from the series tree, which the series leaves unchanged there)."""
     path = Path(base_tree) / "vllm" / "model_executor" / "model_loader" / "weight_utils.py"

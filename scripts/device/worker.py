@@ -752,7 +752,7 @@ def op_cpu_sources_peak(cmd: dict) -> dict:
     (``shape``), each processed to fp8 when complete.  The peak is the bytes
     allocated above the start from the first call until finalize returns (on
     CPU: the bytes ``materialize_meta_tensor`` allocated and still alive).
-    v0.33.0 queues CPU sources and materializes a layer when it completes."""
+    The base release queues CPU sources and materializes a layer when it completes."""
     import weakref
 
     from vllm.model_executor.model_loader.reload import meta
@@ -851,7 +851,7 @@ def op_processing_peak(cmd: dict) -> dict:
     parameters (``shape``, default 4096 x 4096: 32 MiB each) loaded from
     device sources, one call each, through layerwise online processing whose
     processing quantizes them to fp8.  The peak is the bytes allocated above
-    the start, from the first call until processing has run.  v0.33.0 keeps
+    the start, from the first call until processing has run.  The base release keeps
     the queued sources until processing returns; the series loads each
     source at its call and keeps none."""
     shape = tuple(cmd.get("shape", (4096, 4096)))

@@ -604,7 +604,7 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
     many = res["many"]
     bound = run_all_module().BASE_BOUND
     assert set(many["configs"]) == {
-        "base v0.33.0",
+        "base release",
         "series, options unset",
         "series bound",
         bound,
@@ -782,7 +782,7 @@ def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
         assert c["retention_check_off"] == label.endswith("check off"), label
     configs = many["configs"]
     assert (
-        configs["base v0.33.0"]["tree"] == "base" and configs["base v0.33.0"]["ratio_vs_base"] == 1
+        configs["base release"]["tree"] == "base" and configs["base release"]["ratio_vs_base"] == 1
     )
     assert configs["series, instanttensor_copy: false"]["copy_args"] == ["False"]
     assert configs["series, options unset"]["copy_args"] == ["True"]
@@ -809,7 +809,7 @@ def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
 def test_many_tensor_rows_and_rounds_chosen(series_bundle, tmp_path):
     """``--many-configs`` runs the rows it names, ``--many-rounds`` that many
     rounds, and the summary's command line shows both, pasteable."""
-    rows = "base v0.33.0;series, options unset"
+    rows = "base release;series, options unset"
     proc, res = run_all(
         series_bundle, tmp_path, "--only", "many", "--many-configs", rows, "--many-rounds", "2"
     )
