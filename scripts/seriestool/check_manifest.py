@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import git as g
 from . import hints, patchset, seriesdoc
 from . import manifest as manifest_mod
 
@@ -62,6 +63,22 @@ def problems(
             f" untouched {stale}; re-export (`{hints.make('export')}`)"
         )
     return found
+
+
+def fix_series(patch_dir: Path) -> str:
+    """What to do about patch files that disagree with their manifest, for
+    ``patch_dir`` itself: its own commands (never the project's ``patches/``
+    for another folder); the edits are stashed, not discarded, and only where
+    git tracks them."""
+    patches = hints.patches_var(patch_dir)
+    where = f"`{hints.make('check-manifest', PATCHES=patches)}` shows the differences; "
+    if g.is_repo(Path(patch_dir)) and g.out(Path(patch_dir), "ls-files", "--", "series.json"):
+        where += (f"set the edits aside (`{hints.git(patch_dir, 'stash', 'push', '--', '.')}` keeps"
+                  " them in the stash), or, ")  # fmt: skip
+    return (
+        where + "if the change is intended, export the branch it comes from again"
+        f" (`{hints.make('export', PATCHES=patches)}`)"
+    )
 
 
 SERIES_DOC = "SERIES.md"
