@@ -215,6 +215,17 @@ def materialise(
     return repo, commit, digest
 
 
+def cached_upstream_commit(project: str, version: str, sha256: str) -> str | None:
+    """The upstream commit that the sdist with ``sha256`` records ("": none), read
+    from its base ``materialise`` cached; None when no such base is cached."""
+    repo = base_repo_path(project, version)
+    stamp = repo / "series-sdist-sha256"
+    if not sha256 or not stamp.is_file() or stamp.read_text().strip() != sha256:
+        return None
+    version_py = g.git(repo, "show", f"{BASE_BRANCH}:vllm/_version.py", check=False).stdout
+    return upstream_commit_in(version_py) or ""
+
+
 def materialise_pinned(manifest, pip_args: Sequence[str] = (), log=print) -> tuple[Path, str, str]:
     """``materialise`` the base a ``manifest.Manifest`` pins (version, sdist hash, commits)."""
     b = manifest.base

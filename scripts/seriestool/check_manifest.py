@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import base as base_mod
 from . import git as g
 from . import hints, patchset, seriesdoc
 from . import manifest as manifest_mod
@@ -54,6 +55,7 @@ def problems(
         if subject != entry.subject:
             found.append(f"{entry.file}: subject {subject!r}, manifest {entry.subject!r}")
         touched.update(patchset.files_touched(patch_dir, path))
+    found += base_problems(manifest, patch_dir)
     recorded = set(manifest.base.touched_files)
     if touched != recorded:
         extra = ", ".join(sorted(touched - recorded)) or "-"
@@ -61,6 +63,27 @@ def problems(
         found.append(
             f"touched files disagree with the manifest: unrecorded {extra}; recorded but"
             f" untouched {stale}; re-export (`{hints.make('export')}`)"
+        )
+    return found
+
+
+def base_problems(manifest: manifest_mod.Manifest, patch_dir: Path) -> list[str]:
+    """Where the base differs from what `make base` rebuilds: the project's series
+    must pin an sdist, whose recorded upstream commit (read from the base `make
+    base` cached, when it has) must be ``base.upstream_commit``."""
+    b, found = manifest.base, []
+    if patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve() and not (
+        b.sdist.filename and b.sdist.sha256
+    ):
+        found.append(
+            "the base pins no sdist (file name and sha256), so `make base` cannot rebuild it;"
+            f" rebase onto a release (`{hints.make('rebase', TO='<version>')}`)"
+        )
+    recorded = base_mod.cached_upstream_commit(b.project, b.version, b.sdist.sha256)
+    if recorded is not None and recorded != b.upstream_commit:
+        found.append(
+            f"base.upstream_commit is {b.upstream_commit!r}, but the sdist {b.sdist.filename}"
+            f" records {recorded!r}: the base `make base` rebuilds is another commit"
         )
     return found
 
@@ -137,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
         found += doc_problems(manifest, doc)
     for line in found:
         print(f"error: {line}")
+    b = manifest.base
+    if base_mod.cached_upstream_commit(b.project, b.version, b.sdist.sha256) is None:
+        print(f"note: base.upstream_commit not checked against {b.sdist.filename or 'an sdist'}:"
+              f" its base is not cached (`{hints.make('base')}` makes it)")  # fmt: skip
     if not found:
         agree = f"IDs and files agree{' with ' + SERIES_DOC if doc.is_file() else ''}"
         print(f"manifest ok: {len(manifest.patches)} patches, {agree}")

@@ -35,7 +35,6 @@ from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
 from .apply import SERIES_BASE_KEY, default_checkout, refuse_unsafe_state, switch
-from .audit import UPSTREAM_REPOSITORIES
 from .errors import SeriesError
 from .report import table
 
@@ -297,28 +296,21 @@ def start(
         )
 
     version = parse_version(to)
-    user: Path | None = None
+    # A version is always its release's sdist, whatever VLLM= holds (a tag of
+    # that name included): only the sdist gives a base `make base` rebuilds.
+    user = g.checkout_top(Path(vllm)) if vllm is not None else None
     new_commit: str | None = None
-    if vllm is not None:
-        user = g.checkout_top(Path(vllm))
-        candidates = [to] + ([f"v{version}"] if version and not to.startswith("v") else [])
-        new_commit = next((c for ref in candidates if (c := g.rev(user, ref))), None)
+    if version is not None:
+        kind, slug = "version", version
+    elif user is not None:
+        new_commit = g.rev(user, to)
         if new_commit is None:
-            url = UPSTREAM_REPOSITORIES.get(manifest.base.project)
-            fetch = (
-                f"\n    {hints.git(user, 'fetch', '--no-tags', url, 'tag', f'v{version}')}\n"
-                if version and url
-                else " "
-            )
             raise SeriesError(
-                f"{user} has no commit or tag {to!r}"
-                + (f" (nor v{version})" if version and not to.startswith("v") else "")
-                + f"; fetch it into that checkout:{fetch}and run again, or drop VLLM= to"
-                " rebase onto the PyPI sdist of a version"
+                f"{user} has no commit or tag {to!r}; fetch it into that checkout and run again"
             )
         kind = "commit"
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", to).strip("._") or "target"
-        if version is None and patch_dir == manifest_mod.PATCH_DIR.resolve():
+        if patch_dir == manifest_mod.PATCH_DIR.resolve():
             raise SeriesError(
                 f"{to!r} is a commit, which has no PyPI sdist: rebased onto it,"
                 f" {patch_dir} would pin a base that `make venv`, `make base` and"
@@ -327,9 +319,6 @@ def start(
                 " release the commit is on), or write the rebased series into a copy:\n"
                 f"    {hints.rebase_into_copy(patch_dir, TO=to, VLLM=str(user))}"
             )
-    elif version is not None:
-        kind = "version"
-        slug = version
     else:
         raise SeriesError(
             f"TO={to!r} is not a version such as 0.32.0; a commit or tag needs VLLM="
@@ -413,10 +402,7 @@ def _prepare(
         base_mod.clone(new_repo, scratch)
         sess.target = {
             "version": version,
-            "upstream_commit": base_mod.upstream_commit_in(  # no such file: empty stdout
-                g.git(new_repo, "show", f"{new_commit}:vllm/_version.py", check=False).stdout
-            )
-            or "",
+            "upstream_commit": base_mod.cached_upstream_commit(mb.project, version, sha256) or "",
             "sdist_filename": base_mod.sdist_filename(mb.project, version),
             "sha256": sha256,
         }
@@ -455,6 +441,9 @@ def _prepare(
         g.git(scratch, "checkout", "-q", "-b", sess.branch, new_commit)
     else:
         log(f"working in your checkout {checkout} on new branch {sess.branch}")
+        if sess.kind == "version":  # the sdist's base, as `make apply`'s refusal fetches it
+            g.git(checkout, "fetch", "-q", "--no-tags", "--no-write-fetch-head", str(new_repo),
+                  base_mod.BASE_BRANCH)  # fmt: skip
         _switch_user_checkout(checkout, sess.branch, new_commit, old_patches, log)
         _copy_preimage_blobs(scratch, checkout, old_patches)
     sess.save()

@@ -478,7 +478,7 @@ def test_patch_id_upstream_but_reverted_since_is_not_dropped(series):
 
 def test_refusals_name_the_input_and_the_fix(series, work_dir, capsys):
     repo, patch_dir = series
-    with pytest.raises(SeriesError, match="no commit or tag 'nope'.*drop VLLM="):
+    with pytest.raises(SeriesError, match="no commit or tag 'nope'; fetch it"):
         _rebase(repo, "nope", patch_dir)
     with pytest.raises(SeriesError, match="not a version.*needs VLLM="):
         rebase_mod.start("deadbeef", None, patch_dir=patch_dir, log=lambda *_: None)
@@ -1223,20 +1223,53 @@ def test_commit_without_sdist_is_refused_for_the_project_patches(series, work_di
     assert not (work_dir / "rebase").exists()
 
 
-def test_version_missing_in_vllm_prints_the_fetch_command(series, tmp_path, monkeypatch):
-    repo, patch_dir = series
-    upstream = Repo(tmp_path / "published")
-    subprocess.run(["git", "clone", "-q", "--bare", str(repo.path), str(upstream.path)], check=True)
-    new_base = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'x'")})
-    subprocess.run(["git", "-C", str(repo.path), "push", "-q", str(upstream.path),
-                    f"{new_base}:refs/tags/v2.0"], check=True)  # fmt: skip
-    repo.git("branch", "-D", "drift")
-    monkeypatch.setitem(rebase_mod.UPSTREAM_REPOSITORIES, "toy", str(upstream.path))
-    with pytest.raises(SeriesError) as err:
-        _rebase(repo, "2.0", patch_dir)
-    fetch = next(ln.strip() for ln in str(err.value).splitlines() if "git -C" in ln)
-    subprocess.run(fetch, shell=True, check=True, capture_output=True)
-    assert _rebase(repo, "2.0", patch_dir)[0] == 0
+def test_a_version_is_its_sdist_even_where_vllm_has_a_tag_of_that_name(sdist_series, tmp_path):
+    """A local tag ``v2.0`` on another commit is no release: the sdist is the base."""
+    patch_dir, pip_args, _index = sdist_series
+    checkout = Repo(tmp_path / "series-work")
+    checkout.git("tag", "v2.0", checkout.commit("not the release", {"pkg/other.py": "X = 1\n"}))
+    before = snapshot(checkout)
+    assert rebase_mod.start("2.0", checkout.path, skip_tests=True, patch_dir=patch_dir,
+                            pip_args=pip_args, log=lambda *_: None) == 0  # fmt: skip
+    base = manifest_mod.load(patch_dir / "series.json").base
+    assert (base.upstream_commit, base.sdist.filename) == ("222222222", "toyvllm-2.0.tar.gz")
+    assert base.commit == rebase_mod.g.rev(base_mod.base_repo_path("toyvllm", "2.0"), "base")
+    assert snapshot(checkout) == before
+
+
+def test_version_keep_conflict_in_vllm_brings_the_sdist_base_into_it(
+    sdist_series, tmp_path, work_dir, monkeypatch
+):
+    patch_dir, pip_args, _index = sdist_series
+    monkeypatch.setattr(manifest_mod, "PATCH_DIR", patch_dir)  # the project's own series
+    checkout = Repo(tmp_path / "series-work")
+    checkout.git("tag", "v3.0", "HEAD")
+    with pytest.raises(SeriesError, match="left in progress in .*series-work"):
+        rebase_mod.start("v3.0", checkout.path, keep_conflict=True, skip_tests=True,
+                         patch_dir=patch_dir, pip_args=pip_args, log=lambda *_: None)  # fmt: skip
+    checkout.write({"pkg/loader.py": _edit(LOADER, 10, "line_10 = 'X'  # series")})
+    checkout.git("add", "pkg/loader.py")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert manifest.base.sdist.filename == "toyvllm-3.0.tar.gz"
+    assert manifest.base.upstream_commit == "333333333"
+    assert check_manifest.problems(manifest, patch_dir) == []
+
+
+def test_check_manifest_compares_the_upstream_commit_with_the_cached_sdist(
+    sdist_series, monkeypatch, capsys
+):
+    patch_dir, _pip_args, _index = sdist_series
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    manifest.base.upstream_commit = "999999999"
+    manifest.save(patch_dir / "series.json")
+    assert main(["check-manifest", "--patches-dir", str(patch_dir),
+                 "--manifest", str(patch_dir / "series.json")]) == 1  # fmt: skip
+    assert "toyvllm-1.0.tar.gz records '111111111'" in capsys.readouterr().out
+    manifest.base.upstream_commit = "111111111"
+    manifest.base.sdist = manifest_mod.Sdist("", "")
+    monkeypatch.setattr(manifest_mod, "PATCH_DIR", patch_dir)
+    assert any("pins no sdist" in p for p in check_manifest.problems(manifest, patch_dir))
 
 
 def test_keep_conflict_with_the_branch_already_there_takes_a_free_name(series, work_dir):
