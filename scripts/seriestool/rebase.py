@@ -875,7 +875,15 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
         return 0
     _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
     where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
-    log(f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged")
+    what = f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged"
+    log(what)
+    if sess.report_path.exists():  # it said what to do next: now there is nothing
+        text = sess.report_path.read_text(encoding="utf-8", errors="surrogateescape")
+        text = re.sub(r"\n\nThe `git am` session is in progress[^\n]*", "", text)
+        text = re.sub(
+            r"^Result: .*", lambda _: f"Result: **ABORTED** ({what})", text, count=1, flags=re.M
+        )
+        sess.report_path.write_text(text, encoding="utf-8", errors="surrogateescape")
     return 0
 
 

@@ -340,6 +340,9 @@ def test_keep_conflict_then_abort_restores_exactly(series, work_dir):
     assert snapshot(repo) == before
     assert _contents(patch_dir) == patches_before
     assert not rebase_mod.state_path().exists()
+    report = (work_dir / "rebase" / "conflict" / "report.md").read_text()
+    assert "Result: **ABORTED** (rebase to conflict aborted;" in report
+    assert "STOPPED" not in report and "CONTINUE=1" not in report
     with pytest.raises(SeriesError, match="no rebase is in progress"):
         rebase_mod.abort(log=lambda *_: None)
 
