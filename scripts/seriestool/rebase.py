@@ -55,6 +55,7 @@ DROPPED_SKIPPED = "dropped (skipped by hand)"  # `git am --skip`: the change is 
 DROPPED = (DROPPED_ABSORBED, DROPPED_RESOLVED, DROPPED_SKIPPED)
 CONFLICT = "conflict"
 PENDING = "pending"
+RESOLVED = "resolved by hand"
 
 OLD_BRANCH = "series-old"  # the old series on the old base, in the scratch clone
 NEW_REF = "refs/heads/series-new"  # the new series, fetched into the scratch clone
@@ -134,6 +135,14 @@ class Session:
     @property
     def uses_user_checkout(self) -> bool:
         return bool(self.user_checkout)
+
+    @property
+    def resumable(self) -> bool:
+        """A ``--keep-conflict`` session that stopped for the user at a conflict:
+        whatever stopped it since (a kill included), ``--continue`` goes on
+        from what was resolved, and only ``--abort`` drops it."""
+        hand = (CONFLICT, DROPPED_RESOLVED, DROPPED_SKIPPED)
+        return self.keep and any(p.status in hand or p.how == RESOLVED for p in self.patches)
 
     def save(self) -> None:
         data = dataclasses.asdict(self)
@@ -738,6 +747,12 @@ def _clear_stale_session(log: Log) -> None:
             f" {sess.patch_dir}; that replacement has been completed")  # fmt: skip
         _discard(dataclasses.replace(sess, user_checkout=""), log)
         return
+    if sess.resumable and sess.phase == "running":
+        raise SeriesError(
+            f"a rebase to {sess.to} was interrupted after it had stopped for your"
+            f" resolution in {sess.checkout}; what you resolved is kept there."
+            f" Go on from it with\n    {_CONTINUE}\nor drop it with\n    {_ABORT}"
+        )
     if sess.keep and sess.uses_user_checkout and sess.phase == "running":
         raise SeriesError(
             f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
@@ -766,7 +781,7 @@ def resume(
     sess = _open_session(guard, log)
     if sess is None:
         return 0
-    if sess.phase == "running":
+    if sess.phase == "running" and not sess.resumable:
         raise SeriesError(
             f"the rebase to {sess.to} was interrupted, not stopped at a conflict; undo it"
             f" with\n    {_ABORT}\nand start again"
@@ -775,6 +790,7 @@ def resume(
     sess.skip_tests = sess.skip_tests or skip_tests
     sess.save()
     try:
+        _undo_cut_patch(sess, log)
         if sess.next < len(sess.patches) and sess.patches[sess.next].status == CONFLICT:
             _finish_conflicted_patch(sess, log)
             sess.next += 1
@@ -789,6 +805,19 @@ def resume(
             current.phase = "conflict" if current.next < len(current.patches) else "applied"
             current.save()
         raise
+
+
+def _undo_cut_patch(sess: Session, log: Log) -> None:
+    """Take out what an interrupted run left of the patch it was applying
+    (never a patch stopped at a conflict): ``_apply_remaining`` applies it again."""
+    checkout = Path(sess.checkout)
+    if sess.next >= len(sess.patches) or sess.patches[sess.next].status != PENDING:
+        return
+    if g.operation_in_progress(checkout) == "git am":
+        g.git(checkout, "am", "--abort")
+    if g.rev(checkout, "HEAD") != sess.pre_head:
+        g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
+        log(f"{sess.patches[sess.next].file}: applying it again (an interrupted run left it)")
 
 
 def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
@@ -857,7 +886,7 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
         entry.status = DROPPED_SKIPPED
         entry.how = "git am --skip during manual resolution: its change is given up"
     elif g.rev(checkout, "HEAD~1") == sess.pre_head:
-        entry.status, entry.how = APPLIED, "resolved by hand"
+        entry.status, entry.how = APPLIED, RESOLVED
     else:
         raise SeriesError(
             f"{checkout} moved from {sess.pre_head[:12]} to {(head or '?')[:12]} by more than"
@@ -876,6 +905,8 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
     _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
     where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
     what = f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged"
+    if sess.resumable:
+        what += "; the conflict resolutions made by hand are dropped"
     log(what)
     if sess.report_path.exists():  # it said what to do next: now there is nothing
         text = sess.report_path.read_text(encoding="utf-8", errors="surrogateescape")

@@ -696,15 +696,91 @@ def test_killed_keep_conflict_session_in_a_checkout_refuses_until_aborted(series
     before = snapshot(repo)
     with pytest.raises(SeriesError):
         _rebase(repo, "conflict", patch_dir, keep_conflict=True)
-    # Make it look like a process that died while applying.
+    # Make it look like a process that died while applying, before it stopped.
     sess = rebase_mod.Session.load()
     sess.phase, sess.pid = "running", 2**22 + 12345
+    sess.patches[0].status = rebase_mod.PENDING
     sess.save()
     with pytest.raises(SeriesError, match="interrupted while working in"):
         _rebase(repo, "conflict", patch_dir)
     with pytest.raises(SeriesError, match="(?s)interrupted, not stopped at a conflict.*ABORT=1"):
         rebase_mod.resume(log=lambda *_: None)
     assert rebase_mod.abort(log=lambda *_: None) == 0
+    assert snapshot(repo) == before
+
+
+_CONTINUE_KILLER = """
+import os, signal, sys
+sys.path.insert(0, {scripts!r})
+from seriestool import rebase
+finish = rebase._finish_conflicted_patch
+def killed(sess, log):
+    finish(sess, log)
+    os.kill(os.getpid(), signal.SIGKILL)  # the resolution committed, not yet recorded
+rebase._finish_conflicted_patch = killed
+rebase.resume()
+"""
+
+
+def _killed_continue(work_dir: Path) -> None:
+    """``CONTINUE=1`` killed (SIGKILL) right after it committed the resolved patch."""
+    script = _CONTINUE_KILLER.format(scripts=str(ROOT / "scripts"))
+    env = dict(os.environ, SERIES_WORK_DIR=str(work_dir))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+
+
+# Upstream changed the lines of both patch 1 and patch 3: two conflicts.
+TWO_CONFLICTS = _edit(_edit(LOADER, 10, "line_10 = 'X'"), 25, "line_25 = 'Y'")
+RESOLVED_1 = _edit(TWO_CONFLICTS, 10, "line_10 = 'X'  # series")
+
+
+def test_a_kill_during_continue_keeps_the_resolution_and_continue_goes_on(sdist_series, work_dir):
+    patch_dir, pip_args, index = sdist_series
+    _sdist(index, "4.0", TWO_CONFLICTS, "444444444")
+    start = dict(keep_conflict=True, skip_tests=True, patch_dir=patch_dir, pip_args=pip_args,
+                 log=lambda *_: None)  # fmt: skip
+    with pytest.raises(SeriesError, match="left in progress"):
+        rebase_mod.start("4.0", None, **start)
+    checkout = Repo(work_dir / "rebase" / "4.0" / "vllm")
+    checkout.write({"pkg/loader.py": RESOLVED_1})
+    checkout.git("add", "pkg/loader.py")
+    _killed_continue(work_dir)
+
+    # A new run neither discards the resolution nor starts over.
+    with pytest.raises(SeriesError, match="(?s)what you resolved is kept.*CONTINUE=1.*ABORT=1"):
+        rebase_mod.start("4.0", None, **start)
+    with pytest.raises(SeriesError, match="0003-Loader-third-change.patch conflicts"):
+        rebase_mod.resume(log=lambda *_: None)
+    checkout.write({"pkg/loader.py": _edit(RESOLVED_1, 25, "line_25 = 'Y'  # series")})
+    checkout.git("add", "pkg/loader.py")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert [p.subject for p in manifest.patches] == [
+        "[Loader] first change", "[Loader] second change", "[Loader] third change"
+    ]  # fmt: skip
+    assert "+line_10 = 'X'  # series" in (patch_dir / manifest.patches[0].file).read_text()
+    _no_session(work_dir)
+
+
+def test_a_kill_during_continue_in_a_checkout_is_dropped_only_by_abort(series, work_dir):
+    repo, patch_dir = series
+    _upstream(repo, "conflict", {"pkg/loader.py": TWO_CONFLICTS})
+    _user_clutter(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="left in progress"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.write({"pkg/loader.py": RESOLVED_1})
+    repo.git("add", "pkg/loader.py")
+    _killed_continue(work_dir)
+    resolved = repo.git("rev-parse", "HEAD")
+    with pytest.raises(SeriesError, match="what you resolved is kept"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    assert repo.git("rev-parse", "HEAD") == resolved
+
+    lines: list[str] = []
+    assert rebase_mod.abort(log=lines.append) == 0
+    assert "the conflict resolutions made by hand are dropped" in lines[-1]
     assert snapshot(repo) == before
 
 
