@@ -132,7 +132,9 @@ def _no_session(work: Path) -> None:
     leftovers = (
         [p.relative_to(rebase).as_posix() for p in rebase.rglob("*")] if rebase.exists() else []
     )
-    assert all(p.count("/") == 0 or p.endswith("report.md") for p in leftovers), leftovers
+    # The record: the report, and a test failure the next run's report keeps.
+    kept = ("report.md", "tests-failed.md")
+    assert all(p.count("/") == 0 or p.endswith(kept) for p in leftovers), leftovers
 
 
 def _apply_check(repo: Repo, commit: str, patch: Path, tmp: Path) -> int:
@@ -576,6 +578,13 @@ def test_failing_tests_name_the_step_and_print_a_notest_command(series, monkeypa
         ["TO=drift", f"VLLM={repo.path}", f"PATCHES={patch_dir}", "NOTEST=1"]
     )
 
+    report = work_dir / "rebase" / "drift" / "report.md"
+    rows = {
+        line.split()[1]: line for line in report.read_text().splitlines() if " applied " in line
+    }
+    assert "FAILED: tests/test_third.py::test_third" in rows["0003-Loader-third-change.patch"]
+    assert " passed " in rows["0001-Loader-first-change.patch"]
+
     # The hint's variables, as the Makefile passes them, rebase without the tests.
     calls: list = []
     _fake_tests(monkeypatch, 1, calls)
@@ -583,6 +592,52 @@ def test_failing_tests_name_the_step_and_print_a_notest_command(series, monkeypa
             str(patch_dir), "--skip-tests"]  # fmt: skip
     assert main(args) == 0
     assert calls == []
+    # The failure stays in the record of the run that wrote patches/.
+    text = report.read_text()
+    assert "tests skipped after they FAILED" in text
+    assert "## Tests: an earlier run of this rebase FAILED" in text
+    assert "pytest on prefix 0001..0003: tests/test_third.py::test_third" in text
+
+
+def test_keep_continue_without_the_tests_keeps_their_failure_in_the_report(
+    series, monkeypatch, work_dir
+):
+    repo, patch_dir = series
+    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    _fake_tests(monkeypatch, 1, [])
+    with pytest.raises(SeriesError, match=r"(?s)tests did not pass.*CONTINUE=1 NOTEST=1"):
+        _rebase(repo, "drift", patch_dir, skip_tests=False, keep_conflict=True)
+    assert rebase_mod.resume(log=lambda *_: None, skip_tests=True) == 0
+    text = (work_dir / "rebase" / "drift" / "report.md").read_text()
+    assert "Result: **SUCCESS, the tests skipped after they FAILED (below)**" in text
+    assert "fake series tests: 1 failed" in text
+
+
+def test_keep_stops_at_a_patch_whose_own_tests_fail_on_the_new_base(
+    make_repo, tmp_path, work_dir, monkeypatch
+):
+    checks = "import pkg.a\n\n\ndef test_first():\n    assert pkg.a.line_08 == 8\n"
+    repo, patch_dir = _one_off_series(make_repo, tmp_path, {"pkg/a.py": LOADER}, [
+        ("[Loader] first", {"pkg/a.py": PATCH_1,
+                            "tests/test_first.py": checks}),
+        ("[Loader] second", {"pkg/b.py": "VALUE = 1\n"}),
+    ])  # fmt: skip
+    _upstream(repo, "drift", {"pkg/a.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    _fake_tests(monkeypatch, 0, [])  # the whole series' step, after the patches
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "drift", patch_dir, skip_tests=False, keep_conflict=True)
+    message = str(err.value)
+    assert "0001-Loader-first.patch fails its tests on" in message
+    assert "tests/test_first.py::test_first" in message and "CONTINUE=1" in message
+    assert repo.git("log", "-1", "--format=%s") == "[Loader] first"  # applied, open to amend
+    assert "tests failed" in (work_dir / "rebase" / "drift" / "report.md").read_text()
+
+    repo.write({"tests/test_first.py": checks.replace("== 8", "== 'eight'")})
+    repo.git("commit", "-q", "--amend", "--no-edit", "-a")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    first = (patch_dir / "0001-Loader-first.patch").read_text()
+    assert "+    assert pkg.a.line_08 == 'eight'" in first
+    assert not list(repo.path.rglob("__pycache__"))
 
 
 def test_commit_base_tests_run_on_the_new_base(series, monkeypatch):
