@@ -113,26 +113,18 @@ _DOC_TABLES = {
 }
 
 
-def _doc_rows(text: str, title: str) -> dict[str, str] | None:
-    """``number -> value`` of the table in section ``## title`` (None: no such section)."""
-    lines = text.splitlines()
-    span = seriesdoc.section(lines, title)
-    if span is None:
-        return None
-    return {m[1]: m[2] for line in lines[span[0] : span[1]] if (m := seriesdoc.ROW.match(line))}
-
-
 def doc_problems(manifest: manifest_mod.Manifest, doc: Path) -> list[str]:
     """Where ``doc`` (SERIES.md) disagrees with ``manifest``: its stable patch
     IDs and the subjects of its order table, per patch number."""
-    text = doc.read_text(encoding="utf-8")
+    lines = doc.read_text(encoding="utf-8").splitlines()
     patches = {entry.file[:4]: entry for entry in manifest.patches}
     found = []
     for title, (what, field) in _DOC_TABLES.items():
-        rows = _doc_rows(text, title)
-        if rows is None:
+        span = seriesdoc.section(lines, title)
+        if span is None:
             found.append(f"{doc.name}: no section '## {title}'")
             continue
+        rows = {m[1]: m[2] for line in lines[span[0] : span[1]] if (m := seriesdoc.ROW.match(line))}
         for number, entry in patches.items():
             recorded = getattr(entry, field)
             if number not in rows:
