@@ -685,7 +685,10 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
     folder = Path(sess.patch_dir).name
     entry = sess.patches[sess.next]
     verb, then = "conflicts with", f"then run\n    {_CONTINUE}\nor give up with\n    {_ABORT}\n"
-    if entry.status == TESTS_FAILED or (sess.keep and sess.am_kept):
+    # What was resolved before this patch is dropped by --abort alone.
+    resolved = sess.keep and any(p.how == RESOLVED or p.status in DROPPED[1:]
+                                 for p in sess.patches[: sess.next])  # fmt: skip
+    if entry.status == TESTS_FAILED or (sess.keep and (sess.am_kept or resolved)):
         interrupts.check()  # a Ctrl-C until here undoes the run; from here on it is kept
         sess.phase = "conflict"
         sess.save()
@@ -698,6 +701,11 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
         what = (f"; the git am session is left in progress in {sess.checkout} (branch"
                 f" {sess.branch}).")  # fmt: skip
         then = f"Resolve the files, `git add` them, {then}"
+    elif resolved:
+        result = "STOPPED at a conflict git am left no session for; your resolutions are kept"
+        what = (f", and git am stopped without leaving a session in {sess.checkout}; what"
+                f" you resolved before it is kept there (branch {sess.branch}).")  # fmt: skip
+        then = f"Make its change by hand as one commit, {then}"
     elif sess.keep:
         # git am gave up without a session to resume (nothing in the checkout to
         # resolve): --continue could only mistake a kept run for a skip.
@@ -906,9 +914,12 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
             raise SeriesError(
                 f"git am --continue failed in {checkout}: {(proc.stderr or proc.stdout).strip()}"
             )
-    elif entry.status == CONFLICT and not sess.am_kept:
+    elif (
+        entry.status == CONFLICT and not sess.am_kept and g.rev(checkout, "HEAD~1") != sess.pre_head
+    ):
         # The rebase never left a session here (or its state predates the
-        # record): a clean checkout is not the user's consent to skip.
+        # record): a clean checkout is not the user's consent to skip; one
+        # commit of the change, made by hand, is its resolution.
         where = g.operation_in_progress(checkout)
         raise SeriesError(
             f"{entry.file}: no git am session is in progress in {checkout}"

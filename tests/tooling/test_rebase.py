@@ -1144,6 +1144,37 @@ def test_keep_conflict_without_an_am_session_keeps_nothing_and_says_so(
     _no_session(work_dir)
 
 
+def test_a_later_conflict_without_an_am_session_keeps_the_earlier_resolutions(
+    series, work_dir, monkeypatch
+):
+    repo, patch_dir = series
+    _upstream(repo, "conflict", {"pkg/loader.py": TWO_CONFLICTS})
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="left in progress"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.write({"pkg/loader.py": RESOLVED_1})
+    repo.git("add", "pkg/loader.py")
+    real_am = patchset.am
+
+    def am(checkout, patches, *args, **kwargs):
+        if Path(checkout) == repo.path and patches[0].name.startswith("0003"):
+            raise SeriesError("git am failed: fatal: simulated failure before any session")
+        return real_am(checkout, patches, *args, **kwargs)
+
+    monkeypatch.setattr(patchset, "am", am)
+    with pytest.raises(SeriesError, match="(?s)what you resolved before it is kept.*ABORT=1"):
+        rebase_mod.resume(log=lambda *_: None)
+    assert "+line_10 = 'X'  # series" in repo.git("log", "-p", "-2")
+    # Its change made by hand as one commit is taken as its resolution.
+    repo.write({"pkg/loader.py": _edit(RESOLVED_1, 25, "line_25 = 'Y'  # series")})
+    repo.git("commit", "-q", "-a", "-m", "[Loader] third change")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    assert len(manifest_mod.load(patch_dir / "series.json").patches) == 3
+    assert {k: v for k, v in snapshot(repo).items() if k != "branches"} == {
+        k: v for k, v in before.items() if k != "branches"
+    }
+
+
 def test_continue_without_the_am_session_it_left_refuses(series, work_dir):
     """A stopped session whose checkout holds no git am session (none was
     recorded as left there): a clean checkout is no consent to skip the patch."""
