@@ -76,8 +76,8 @@ def _apply(
         raise SeriesError(
             "the patch files disagree with the manifest; not applying them:\n  "
             + "\n  ".join(problems)
-            + f"\n{hints.fix_series(patch_dir)}.  A patch is changed as a commit of the series"
-            ' branch of an applied checkout, then exported (README: "Changing a patch")'
+            + f"\n{check_manifest.fix_series(patch_dir)}.  A patch is changed as a commit of"
+            ' the series branch of an applied checkout, then exported (README: "Changing a patch")'
         )
     refuse_unsafe_state(repo)
     if not manifest.patches:

@@ -662,7 +662,7 @@ def refuse_inconsistent_series(
             f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
             " trustworthy series to audit against:\n  "
             + "\n  ".join(found)
-            + f"\n{hints.fix_series(patch_dir)}, then run the audit again"
+            + f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again"
         )
 
 

@@ -91,14 +91,6 @@ def fetch_sdist(
     return path, actual
 
 
-def read_upstream_commit(tree: Path) -> str | None:
-    """Abbreviated upstream commit recorded in the sdist's ``vllm/_version.py``."""
-    version_py = tree / "vllm" / "_version.py"
-    if not version_py.exists():
-        return None
-    return upstream_commit_in(version_py.read_text(encoding="utf-8", errors="replace"))
-
-
 def upstream_commit_in(version_py: str) -> str | None:
     """The abbreviated upstream commit that a ``vllm/_version.py``'s text records."""
     match = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py)
@@ -191,7 +183,9 @@ def materialise(
         sdist, digest = fetch_sdist(project, version, sha256, tmp, pip_args)
         log(f"sha256 {digest} verified; unpacking ...")
         tree = unpack(sdist, tmp / "tree")
-        recorded_commit = read_upstream_commit(tree)
+        version_py = tree / "vllm" / "_version.py"
+        recorded_commit = (upstream_commit_in(version_py.read_text("utf-8", "replace"))
+                           if version_py.is_file() else None)  # fmt: skip
         if upstream_commit and recorded_commit != upstream_commit:
             raise SeriesError(
                 f"{sdist.name} records upstream commit {recorded_commit!r}, "
@@ -213,6 +207,17 @@ def materialise(
         shutil.move(str(sdist), WORK_DIR / "sdist" / sdist.name)
     log(f"base {project} {version} materialised: {repo} at {commit}")
     return repo, commit, digest
+
+
+def cached_upstream_commit(project: str, version: str, sha256: str) -> str | None:
+    """The upstream commit that the sdist with ``sha256`` records ("": none), read
+    from its base ``materialise`` cached; None when no such base is cached."""
+    repo = base_repo_path(project, version)
+    stamp = repo / "series-sdist-sha256"
+    if not sha256 or not stamp.is_file() or stamp.read_text().strip() != sha256:
+        return None
+    version_py = g.git(repo, "show", f"{BASE_BRANCH}:vllm/_version.py", check=False).stdout
+    return upstream_commit_in(version_py) or ""
 
 
 def materialise_pinned(manifest, pip_args: Sequence[str] = (), log=print) -> tuple[Path, str, str]:

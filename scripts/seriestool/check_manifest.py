@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import base as base_mod
+from . import git as g
 from . import hints, patchset, seriesdoc
 from . import manifest as manifest_mod
 
@@ -53,6 +55,7 @@ def problems(
         if subject != entry.subject:
             found.append(f"{entry.file}: subject {subject!r}, manifest {entry.subject!r}")
         touched.update(patchset.files_touched(patch_dir, path))
+    found += base_problems(manifest, patch_dir)
     recorded = set(manifest.base.touched_files)
     if touched != recorded:
         extra = ", ".join(sorted(touched - recorded)) or "-"
@@ -64,6 +67,43 @@ def problems(
     return found
 
 
+def base_problems(manifest: manifest_mod.Manifest, patch_dir: Path) -> list[str]:
+    """Where the base differs from what `make base` rebuilds: the project's series
+    must pin an sdist, whose recorded upstream commit (read from the base `make
+    base` cached, when it has) must be ``base.upstream_commit``."""
+    b, found = manifest.base, []
+    if patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve() and not (
+        b.sdist.filename and b.sdist.sha256
+    ):
+        found.append(
+            "the base pins no sdist (file name and sha256), so `make base` cannot rebuild it;"
+            f" rebase onto a release (`{hints.make('rebase', TO='<version>')}`)"
+        )
+    recorded = base_mod.cached_upstream_commit(b.project, b.version, b.sdist.sha256)
+    if recorded is not None and recorded != b.upstream_commit:
+        found.append(
+            f"base.upstream_commit is {b.upstream_commit!r}, but the sdist {b.sdist.filename}"
+            f" records {recorded!r}: the base `make base` rebuilds is another commit"
+        )
+    return found
+
+
+def fix_series(patch_dir: Path) -> str:
+    """What to do about patch files that disagree with their manifest, for
+    ``patch_dir`` itself: its own commands (never the project's ``patches/``
+    for another folder); the edits are stashed, not discarded, and only where
+    git tracks them."""
+    patches = hints.patches_var(patch_dir)
+    where = f"`{hints.make('check-manifest', PATCHES=patches)}` shows the differences; "
+    if g.is_repo(Path(patch_dir)) and g.out(Path(patch_dir), "ls-files", "--", "series.json"):
+        where += (f"set the edits aside (`{hints.git(patch_dir, 'stash', 'push', '--', '.')}` keeps"
+                  " them in the stash), or, ")  # fmt: skip
+    return (
+        where + "if the change is intended, export the branch it comes from again"
+        f" (`{hints.make('export', PATCHES=patches)}`)"
+    )
+
+
 SERIES_DOC = "SERIES.md"
 # The reviewer's document's tables the manifest must agree with: section
 # title -> (what the second column holds, the manifest field it must equal).
@@ -73,26 +113,18 @@ _DOC_TABLES = {
 }
 
 
-def _doc_rows(text: str, title: str) -> dict[str, str] | None:
-    """``number -> value`` of the table in section ``## title`` (None: no such section)."""
-    lines = text.splitlines()
-    span = seriesdoc.section(lines, title)
-    if span is None:
-        return None
-    return {m[1]: m[2] for line in lines[span[0] : span[1]] if (m := seriesdoc.ROW.match(line))}
-
-
 def doc_problems(manifest: manifest_mod.Manifest, doc: Path) -> list[str]:
     """Where ``doc`` (SERIES.md) disagrees with ``manifest``: its stable patch
     IDs and the subjects of its order table, per patch number."""
-    text = doc.read_text(encoding="utf-8")
+    lines = doc.read_text(encoding="utf-8").splitlines()
     patches = {entry.file[:4]: entry for entry in manifest.patches}
     found = []
     for title, (what, field) in _DOC_TABLES.items():
-        rows = _doc_rows(text, title)
-        if rows is None:
+        span = seriesdoc.section(lines, title)
+        if span is None:
             found.append(f"{doc.name}: no section '## {title}'")
             continue
+        rows = {m[1]: m[2] for line in lines[span[0] : span[1]] if (m := seriesdoc.ROW.match(line))}
         for number, entry in patches.items():
             recorded = getattr(entry, field)
             if number not in rows:
@@ -120,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
         found += doc_problems(manifest, doc)
     for line in found:
         print(f"error: {line}")
+    b = manifest.base
+    if base_mod.cached_upstream_commit(b.project, b.version, b.sdist.sha256) is None:
+        print(f"note: base.upstream_commit not checked against {b.sdist.filename or 'an sdist'}:"
+              f" its base is not cached (`{hints.make('base')}` makes it)")  # fmt: skip
     if not found:
         agree = f"IDs and files agree{' with ' + SERIES_DOC if doc.is_file() else ''}"
         print(f"manifest ok: {len(manifest.patches)} patches, {agree}")

@@ -52,21 +52,3 @@ def no_checkout(path: Path, what: str = "a git checkout") -> str:
     path = Path(path)
     shown = str(path) if path.is_absolute() else f"{path} (that is {path.resolve()})"
     return f"{shown} does not exist" if not os.path.lexists(path) else f"{shown} is not {what}"
-
-
-def fix_series(patch_dir: Path) -> str:
-    """What to do about patch files that disagree with their manifest, for
-    ``patch_dir`` itself: its own commands (never the project's ``patches/``
-    for another folder); the edits are stashed, not discarded, and only where
-    git tracks them."""
-    from . import git as g
-
-    patches = patches_var(patch_dir)
-    where = f"`{make('check-manifest', PATCHES=patches)}` shows the differences; "
-    if g.is_repo(Path(patch_dir)) and g.out(Path(patch_dir), "ls-files", "--", "series.json"):
-        where += (f"set the edits aside (`{git(patch_dir, 'stash', 'push', '--', '.')}` keeps"
-                  " them in the stash), or, ")  # fmt: skip
-    return (
-        where + "if the change is intended, export the branch it comes from again"
-        f" (`{make('export', PATCHES=patches)}`)"
-    )

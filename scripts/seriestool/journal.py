@@ -73,7 +73,8 @@ class Journal:
 
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` (not this one) still runs: a zombie, which
-    ``kill(pid, 0)`` still finds, can no longer change anything."""
+    ``kill(pid, 0)`` still finds, can no longer change anything (Linux
+    ``/proc/<pid>/stat`` says; where unreadable, it runs)."""
     if pid == os.getpid():
         return False
     try:
@@ -82,18 +83,13 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """``pid`` is a zombie, per Linux ``/proc/<pid>/stat`` (False where unreadable)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
+        return True
     # "pid (comm) state ...": comm may hold spaces and parentheses.
     fields = stat[stat.rfind(")") + 1 :].split()
-    return bool(fields) and fields[0] == "Z"
+    return not fields or fields[0] != "Z"
 
 
 @contextlib.contextmanager

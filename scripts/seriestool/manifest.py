@@ -75,7 +75,7 @@ class Manifest:
     def patch_paths(self, patch_dir: Path = PATCH_DIR) -> list[Path]:
         return [patch_dir / p.file for p in self.patches]
 
-    def to_json(self) -> str:
+    def save(self, path: Path = MANIFEST_PATH) -> None:
         series: dict = {"name": self.name, "version": self.version}
         if self.previous:
             series["previous"] = self.previous
@@ -87,12 +87,9 @@ class Manifest:
             "patches": [dataclasses.asdict(p) for p in self.patches],
             "regression_tests": dataclasses.asdict(self.regression_tests),
         }
-        return json.dumps(data, indent=2) + "\n"
-
-    def save(self, path: Path = MANIFEST_PATH) -> None:
         # Write then rename: an interrupted save never leaves half a manifest.
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json(), encoding="utf-8")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
 
     def prune_departed(self, renamed: dict[str, str] | None = None) -> list[str]:

@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
+from unittest import mock
 
 from . import base as base_mod
 from . import (
@@ -35,7 +36,6 @@ from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
 from .apply import SERIES_BASE_KEY, default_checkout, refuse_unsafe_state, switch
-from .audit import UPSTREAM_REPOSITORIES
 from .errors import SeriesError
 from .report import table
 
@@ -55,7 +55,9 @@ DROPPED_RESOLVED = "dropped (resolved to no change)"  # a hand resolution left n
 DROPPED_SKIPPED = "dropped (skipped by hand)"  # `git am --skip`: the change is given up
 DROPPED = (DROPPED_ABSORBED, DROPPED_RESOLVED, DROPPED_SKIPPED)
 CONFLICT = "conflict"
+TESTS_FAILED = "tests failed"  # --keep-conflict: applied, its own tests fail: stopped there
 PENDING = "pending"
+RESOLVED = "resolved by hand"
 
 OLD_BRANCH = "series-old"  # the old series on the old base, in the scratch clone
 NEW_REF = "refs/heads/series-new"  # the new series, fetched into the scratch clone
@@ -73,6 +75,7 @@ class PatchStatus:
     status: str = PENDING  # PENDING, APPLIED, CONFLICT or one of DROPPED
     how: str = ""  # "clean", "3-way merge", "resolved by hand", or why dropped
     new_file: str = ""
+    tests: str = ""  # its tests on the new base: "passed", "FAILED: ...", "none"; "": not run
 
 
 @dataclasses.dataclass
@@ -112,6 +115,7 @@ class Session:
     # ``--continue`` mean the user ended it by hand.
     am_kept: bool = False
     tests: str = ""
+    tests_failed: str = ""  # a failed test step: reported whatever runs after it
     # "patch N uses X from dropped patch M": what a later patch still needs.
     uses_dropped: list[str] = dataclasses.field(default_factory=list)
     kept_branch: str = ""  # where the rebased series' branch stays: "<checkout>\t<branch>"
@@ -133,8 +137,20 @@ class Session:
         return self.work_dir / "report.md"
 
     @property
+    def failed_tests_path(self) -> Path:
+        return self.work_dir / "tests-failed.md"
+
+    @property
     def uses_user_checkout(self) -> bool:
         return bool(self.user_checkout)
+
+    @property
+    def resumable(self) -> bool:
+        """A ``--keep-conflict`` session that stopped for the user at a conflict:
+        whatever stopped it since (a kill included), ``--continue`` goes on
+        from what was resolved, and only ``--abort`` drops it."""
+        hand = (CONFLICT, TESTS_FAILED, DROPPED_RESOLVED, DROPPED_SKIPPED)
+        return self.keep and any(p.status in hand or p.how == RESOLVED for p in self.patches)
 
     def save(self) -> None:
         data = dataclasses.asdict(self)
@@ -246,12 +262,6 @@ def swap_in(staging: Path, patch_dir: Path) -> None:
     shutil.rmtree(old)
 
 
-def parse_version(to: str) -> str | None:
-    """``0.32.0`` for ``0.32.0`` or ``v0.32.0``; None when ``to`` is no version."""
-    match = VERSION_RE.match(to)
-    return match.group(1) if match else None
-
-
 def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
     """Copy into ``dst`` (as unreferenced objects) the blobs the patches' ``index``
     lines name: ``git am --3way`` and the placement check need them, and a
@@ -296,29 +306,22 @@ def start(
             " rebasing"
         )
 
-    version = parse_version(to)
-    user: Path | None = None
+    version = match.group(1) if (match := VERSION_RE.match(to)) else None  # 0.32.0 or v0.32.0
+    # A version is always its release's sdist, whatever VLLM= holds (a tag of
+    # that name included): only the sdist gives a base `make base` rebuilds.
+    user = g.checkout_top(Path(vllm)) if vllm is not None else None
     new_commit: str | None = None
-    if vllm is not None:
-        user = g.checkout_top(Path(vllm))
-        candidates = [to] + ([f"v{version}"] if version and not to.startswith("v") else [])
-        new_commit = next((c for ref in candidates if (c := g.rev(user, ref))), None)
+    if version is not None:
+        kind, slug = "version", version
+    elif user is not None:
+        new_commit = g.rev(user, to)
         if new_commit is None:
-            url = UPSTREAM_REPOSITORIES.get(manifest.base.project)
-            fetch = (
-                f"\n    {hints.git(user, 'fetch', '--no-tags', url, 'tag', f'v{version}')}\n"
-                if version and url
-                else " "
-            )
             raise SeriesError(
-                f"{user} has no commit or tag {to!r}"
-                + (f" (nor v{version})" if version and not to.startswith("v") else "")
-                + f"; fetch it into that checkout:{fetch}and run again, or drop VLLM= to"
-                " rebase onto the PyPI sdist of a version"
+                f"{user} has no commit or tag {to!r}; fetch it into that checkout and run again"
             )
         kind = "commit"
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", to).strip("._") or "target"
-        if version is None and patch_dir == manifest_mod.PATCH_DIR.resolve():
+        if patch_dir == manifest_mod.PATCH_DIR.resolve():
             raise SeriesError(
                 f"{to!r} is a commit, which has no PyPI sdist: rebased onto it,"
                 f" {patch_dir} would pin a base that `make venv`, `make base` and"
@@ -327,9 +330,6 @@ def start(
                 " release the commit is on), or write the rebased series into a copy:\n"
                 f"    {hints.rebase_into_copy(patch_dir, TO=to, VLLM=str(user))}"
             )
-    elif version is not None:
-        kind = "version"
-        slug = version
     else:
         raise SeriesError(
             f"TO={to!r} is not a version such as 0.32.0; a commit or tag needs VLLM="
@@ -361,6 +361,8 @@ def start(
         patches=[PatchStatus(p.file, p.subject, p.patch_id) for p in manifest.patches],
     )  # fmt: skip
     sess.command = sess.make(TO=to, KEEP="1" if keep_conflict else None)
+    if sess.failed_tests_path.is_file():  # a failure stays in the record of the next run
+        sess.tests_failed = sess.failed_tests_path.read_text(encoding="utf-8")
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -413,10 +415,7 @@ def _prepare(
         base_mod.clone(new_repo, scratch)
         sess.target = {
             "version": version,
-            "upstream_commit": base_mod.upstream_commit_in(  # no such file: empty stdout
-                g.git(new_repo, "show", f"{new_commit}:vllm/_version.py", check=False).stdout
-            )
-            or "",
+            "upstream_commit": base_mod.cached_upstream_commit(mb.project, version, sha256) or "",
             "sdist_filename": base_mod.sdist_filename(mb.project, version),
             "sha256": sha256,
         }
@@ -455,6 +454,9 @@ def _prepare(
         g.git(scratch, "checkout", "-q", "-b", sess.branch, new_commit)
     else:
         log(f"working in your checkout {checkout} on new branch {sess.branch}")
+        if sess.kind == "version":  # the sdist's base, as `make apply`'s refusal fetches it
+            g.git(checkout, "fetch", "-q", "--no-tags", "--no-write-fetch-head", str(new_repo),
+                  base_mod.BASE_BRANCH)  # fmt: skip
         _switch_user_checkout(checkout, sess.branch, new_commit, old_patches, log)
         _copy_preimage_blobs(scratch, checkout, old_patches)
     sess.save()
@@ -546,8 +548,11 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
         sess.next = i
         sess.pre_head = g.rev(checkout, "HEAD") or ""
         sess.save()
-        upstream = _upstream_commit_with_patch_id(scratch, sess.history_range, patch,
-                                                  entry.patch_id)  # fmt: skip
+        # A commit of upstream history between the bases with the patch's ID.
+        ids = (patchset.commit_patch_ids(scratch, sess.history_range,
+                                         patchset.files_touched(scratch, patch))
+               if sess.history_range else [])  # fmt: skip
+        upstream = next((commit for commit, pid in ids if pid == entry.patch_id), None)
         # Only when the change is still there at the new base (upstream may
         # have reverted it since): its reverse must apply.
         if upstream and g.git(checkout, "apply", "--check", "-R", str(patch),
@@ -582,10 +587,40 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
         else:
             entry.status, entry.how = APPLIED, "clean" if plain else "3-way merge"
         log(f"{entry.file}: {entry.status} ({entry.how})")
+        if not _own_tests_pass(sess, entry, log):
+            return False
     sess.next = len(sess.patches)
     sess.conflict = ""
     sess.save()
     return True
+
+
+def _own_tests_pass(sess: Session, entry: PatchStatus, log: Log) -> bool:
+    """With ``--keep-conflict`` (and the tests on), the tests an applied patch adds
+    or changes, run on the new base with it; False (the rebase stops there, the
+    patch's commit open to amend) when they fail."""
+    if not (sess.keep and not sess.skip_tests and entry.status == APPLIED):
+        return True
+    checkout = Path(sess.checkout)
+    tests = seriestest.patch_tests(checkout, sess.old_patch_dir / entry.file)
+    if not tests:
+        entry.tests = "none"
+        return True
+    # No __pycache__ left in the checkout: its untracked files stay as they were.
+    quiet = mock.patch.dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    with quiet, contextlib.redirect_stdout(io.StringIO()):
+        rc, summary, nodes = seriestest.run_pytest(
+            checkout, tests, _old_manifest(sess).regression_tests.deselect
+        )
+    if rc == 0:
+        entry.tests = "passed"
+        return True
+    entry.status, entry.tests = TESTS_FAILED, f"FAILED: {', '.join(nodes) or summary}"
+    sess.conflict = "\n".join(
+        [f"patch: {entry.file}", f"tests: {entry.tests}", f"ran: pytest {' '.join(tests)}"]
+    )
+    log(f"{entry.file}: its tests fail on the new base")
+    return False
 
 
 def _leave_placement_conflict(
@@ -618,18 +653,6 @@ def _leave_placement_conflict(
         g.git(checkout, "update-index", "--index-info", input="\n".join(index_info) + "\n")
 
 
-def _upstream_commit_with_patch_id(
-    scratch: Path, history: str | None, patch: Path, patch_id: str
-) -> str | None:
-    if not history:
-        return None
-    paths = patchset.files_touched(scratch, patch)
-    for commit, pid in patchset.commit_patch_ids(scratch, history, paths):
-        if pid == patch_id:
-            return commit
-    return None
-
-
 def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
     """Patch, unmerged files with the kind of each conflict, and git's own error
     lines (``git_output``: stderr of ``git apply --check`` and ``git am --3way``)."""
@@ -657,18 +680,32 @@ _PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does n
 
 
 def _stopped(sess: Session, log: Log) -> NoReturn:
-    """A patch conflicted: keep the session (``--keep-conflict``) or give up;
-    raises the conflict and what to do next."""
+    """A patch conflicted, or failed its tests: keep the session
+    (``--keep-conflict``) or give up; raises what stopped it and what to do next."""
     folder = Path(sess.patch_dir).name
-    if sess.keep and sess.am_kept:
+    entry = sess.patches[sess.next]
+    verb, then = "conflicts with", f"then run\n    {_CONTINUE}\nor give up with\n    {_ABORT}\n"
+    # What was resolved before this patch is dropped by --abort alone.
+    resolved = sess.keep and any(p.how == RESOLVED or p.status in DROPPED[1:]
+                                 for p in sess.patches[: sess.next])  # fmt: skip
+    if entry.status == TESTS_FAILED or (sess.keep and (sess.am_kept or resolved)):
         interrupts.check()  # a Ctrl-C until here undoes the run; from here on it is kept
         sess.phase = "conflict"
         sess.save()
+    if entry.status == TESTS_FAILED:
+        result, verb = "STOPPED at a patch whose tests fail, left to fix", "fails its tests on"
+        what = f"; it is applied, the last commit of branch {sess.branch} in {sess.checkout}."
+        then = f"Fix it there (`git commit --amend`), {then}"
+    elif sess.keep and sess.am_kept:
         result = "STOPPED at a conflict, left for manual resolution"
         what = (f"; the git am session is left in progress in {sess.checkout} (branch"
                 f" {sess.branch}).")  # fmt: skip
-        then = (f"Resolve the files, `git add` them, then run\n    {_CONTINUE}\nor give up"
-                f" with\n    {_ABORT}\n")  # fmt: skip
+        then = f"Resolve the files, `git add` them, {then}"
+    elif resolved:
+        result = "STOPPED at a conflict git am left no session for; your resolutions are kept"
+        what = (f", and git am stopped without leaving a session in {sess.checkout}; what"
+                f" you resolved before it is kept there (branch {sess.branch}).")  # fmt: skip
+        then = f"Make its change by hand as one commit, {then}"
     elif sess.keep:
         # git am gave up without a session to resume (nothing in the checkout to
         # resolve): --continue could only mistake a kept run for a skip.
@@ -686,7 +723,7 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
     if sess.phase != "conflict":
         _discard(sess, log)
     raise SeriesError(
-        f"{sess.patches[sess.next].file} conflicts with {sess.target['version']}{what}\n"
+        f"{entry.file} {verb} {sess.target['version']}{what}\n"
         f"{textwrap.indent(sess.conflict, '  ')}\n{then}report: {sess.report_path}"
     )
 
@@ -749,6 +786,12 @@ def _clear_stale_session(log: Log) -> None:
             f" {sess.patch_dir}; that replacement has been completed")  # fmt: skip
         _discard(dataclasses.replace(sess, user_checkout=""), log)
         return
+    if sess.resumable and sess.phase == "running":
+        raise SeriesError(
+            f"a rebase to {sess.to} was interrupted after it had stopped for your"
+            f" resolution in {sess.checkout}; what you resolved is kept there."
+            f" Go on from it with\n    {_CONTINUE}\nor drop it with\n    {_ABORT}"
+        )
     if sess.keep and sess.uses_user_checkout and sess.phase == "running":
         raise SeriesError(
             f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
@@ -777,7 +820,7 @@ def resume(
     sess = _open_session(guard, log)
     if sess is None:
         return 0
-    if sess.phase == "running":
+    if sess.phase == "running" and not sess.resumable:
         raise SeriesError(
             f"the rebase to {sess.to} was interrupted, not stopped at a conflict; undo it"
             f" with\n    {_ABORT}\nand start again"
@@ -786,8 +829,12 @@ def resume(
     sess.skip_tests = sess.skip_tests or skip_tests
     sess.save()
     try:
-        if sess.next < len(sess.patches) and sess.patches[sess.next].status == CONFLICT:
+        _undo_cut_patch(sess, log)
+        entry = sess.patches[sess.next] if sess.next < len(sess.patches) else None
+        if entry is not None and entry.status in (CONFLICT, TESTS_FAILED):
             _finish_conflicted_patch(sess, log)
+            if not _own_tests_pass(sess, entry, log):
+                _stopped(sess, log)
             sess.next += 1
             sess.save()
         if _apply_remaining(sess, log):
@@ -800,6 +847,19 @@ def resume(
             current.phase = "conflict" if current.next < len(current.patches) else "applied"
             current.save()
         raise
+
+
+def _undo_cut_patch(sess: Session, log: Log) -> None:
+    """Take out what an interrupted run left of the patch it was applying
+    (never a patch stopped at a conflict): ``_apply_remaining`` applies it again."""
+    checkout = Path(sess.checkout)
+    if sess.next >= len(sess.patches) or sess.patches[sess.next].status != PENDING:
+        return
+    if g.operation_in_progress(checkout) == "git am":
+        g.git(checkout, "am", "--abort")
+    if g.rev(checkout, "HEAD") != sess.pre_head:
+        g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
+        log(f"{sess.patches[sess.next].file}: applying it again (an interrupted run left it)")
 
 
 def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
@@ -822,9 +882,11 @@ def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
 
 
 def _finish_conflicted_patch(sess: Session, log: Log) -> None:
+    """The stopped patch as the user left it: a conflict resolved (``git am
+    --continue``) or skipped, or a patch whose tests failed amended."""
     checkout = Path(sess.checkout)
     entry = sess.patches[sess.next]
-    if g.operation_in_progress(checkout) == "git am":
+    if entry.status == CONFLICT and g.operation_in_progress(checkout) == "git am":
         unmerged = g.out(checkout, "diff", "--name-only", "--diff-filter=U").splitlines()
         if unmerged:
             raise SeriesError(
@@ -852,9 +914,12 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
             raise SeriesError(
                 f"git am --continue failed in {checkout}: {(proc.stderr or proc.stdout).strip()}"
             )
-    elif not sess.am_kept:
+    elif (
+        entry.status == CONFLICT and not sess.am_kept and g.rev(checkout, "HEAD~1") != sess.pre_head
+    ):
         # The rebase never left a session here (or its state predates the
-        # record): a clean checkout is not the user's consent to skip.
+        # record): a clean checkout is not the user's consent to skip; one
+        # commit of the change, made by hand, is its resolution.
         where = g.operation_in_progress(checkout)
         raise SeriesError(
             f"{entry.file}: no git am session is in progress in {checkout}"
@@ -867,8 +932,8 @@ def _finish_conflicted_patch(sess: Session, log: Log) -> None:
     if head == sess.pre_head:
         entry.status = DROPPED_SKIPPED
         entry.how = "git am --skip during manual resolution: its change is given up"
-    elif g.rev(checkout, "HEAD~1") == sess.pre_head:
-        entry.status, entry.how = APPLIED, "resolved by hand"
+    elif g.rev(checkout, "HEAD~1") == sess.pre_head:  # a patch whose tests failed keeps its how
+        entry.status, entry.how = APPLIED, entry.how if entry.status == TESTS_FAILED else RESOLVED
     else:
         raise SeriesError(
             f"{checkout} moved from {sess.pre_head[:12]} to {(head or '?')[:12]} by more than"
@@ -886,7 +951,17 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
         return 0
     _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
     where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
-    log(f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged")
+    what = f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged"
+    if sess.resumable:
+        what += "; the conflict resolutions made by hand are dropped"
+    log(what)
+    if sess.report_path.exists():  # it said what to do next: now there is nothing
+        text = sess.report_path.read_text(encoding="utf-8", errors="surrogateescape")
+        text = re.sub(r"\n\nThe rebase is stopped in[^\n]*", "", text)
+        text = re.sub(
+            r"^Result: .*", lambda _: f"Result: **ABORTED** ({what})", text, count=1, flags=re.M
+        )
+        sess.report_path.write_text(text, encoding="utf-8", errors="surrogateescape")
     return 0
 
 
@@ -948,7 +1023,9 @@ def _finish(
         _write_report(sess, "running the series' tests", "unchanged", log, range_diff, quiet=True)
         ok, sess.tests = _run_tests(sess, manifest, log)
     if not ok:
+        sess.tests_failed = sess.tests
         sess.save()
+        sess.failed_tests_path.write_text(sess.tests, encoding="utf-8")
         _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written", log,
                       range_diff)  # fmt: skip
         if not sess.keep:
@@ -986,6 +1063,8 @@ def _finish(
     )
     result = "SUCCESS" + (", but later patches use dropped ones (below)" if sess.uses_dropped
                           else "")  # fmt: skip
+    if sess.tests_failed and sess.skip_tests:
+        result += ", the tests skipped after they FAILED (below)"
     _write_report(sess, result, outcome, log, range_diff, quiet=True)
     interrupts.check()  # the last moment a signal undoes the rebase
     sess.phase = "swapping"
@@ -1001,6 +1080,7 @@ def _finish(
             _keep_branch(sess, manifest, log)
     guard.completed()
     _write_report(sess, result, outcome, log, range_diff)
+    sess.failed_tests_path.unlink(missing_ok=True)  # the report holds it now
     _discard(sess, log)
     return 0
 
@@ -1104,6 +1184,13 @@ def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tupl
     except SeriesError as e:
         return False, f"could not run: {e}"
     lines = captured.getvalue().rstrip().splitlines()
+    # Prefix 0001..N is where patch N's own tests run: its failure is patch N's.
+    failed = {m[1]: m[2] for line in lines if (m := _PREFIX_FAILED.match(line))}
+    for entry in sess.patches:
+        if entry.status == APPLIED:
+            entry.tests = (
+                f"FAILED: {failed[n]}" if (n := entry.new_file[:4]) in failed else "passed"
+            )
     tail = "\n".join(lines[-30:])
     # The failed steps, kept whole however long the output before them.
     steps = [line for line in lines[:-30] if line.startswith(seriestest.FAILED_STEP)]
@@ -1111,6 +1198,11 @@ def _run_tests(sess: Session, manifest: manifest_mod.Manifest, log: Log) -> tupl
     return rc == 0, "\n".join(
         [f"{verdict}: seriestest.check_prefixes", *steps, "", "```", tail, "```"]
     )
+
+
+_PREFIX_FAILED = re.compile(
+    rf"^{seriestest.FAILED_STEP}(?:pytest on )?prefix 0001\.\.(\d{{4}}): (.*)"
+)
 
 
 def _write_report(
@@ -1130,7 +1222,7 @@ def _write_report(
          sess.new_base[:12] or "-", t.get("sha256") or "-"),
     ]  # fmt: skip
     patch_rows = [
-        (i, p.file, p.status, p.how or "-", p.new_file or "-")
+        (i, p.file, p.status, p.how or "-", p.tests or "-", p.new_file or "-")
         for i, p in enumerate(sess.patches, 1)
     ]
     out = [
@@ -1151,7 +1243,7 @@ def _write_report(
         "## Patches",
         "",
         "```",
-        table(("#", "old patch", "status", "how", "new patch"), patch_rows),
+        table(("#", "old patch", "status", "how", "tests", "new patch"), patch_rows),
         "```",
         "",
         "Absorbed-upstream check by patch ID: "
@@ -1170,8 +1262,8 @@ def _write_report(
         if sess.keep:
             out += [
                 "",
-                f"The `git am` session is in progress in `{sess.checkout}` (branch"
-                f" `{sess.branch}`). Resolve, `git add`, then"
+                f"The rebase is stopped in `{sess.checkout}` (branch"
+                f" `{sess.branch}`). Resolve (or amend), `git add`, then"
                 f" `{_CONTINUE}`; or `{_ABORT}`.",
             ]
     if range_diff is not None:
@@ -1190,6 +1282,8 @@ def _write_report(
         out += ["", f"The rebased series is branch `{branch}` in `{where}`."]
     if sess.tests:
         out += ["", "## Tests", "", sess.tests]
+    if sess.tests_failed and sess.tests_failed != sess.tests:
+        out += ["", "## Tests: an earlier run of this rebase FAILED", "", sess.tests_failed]
     text = "\n".join(out) + "\n"
     sess.report_path.parent.mkdir(parents=True, exist_ok=True)
     sess.report_path.write_text(text, encoding="utf-8", errors="surrogateescape")

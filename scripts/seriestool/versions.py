@@ -199,22 +199,17 @@ def _held(repo, commit, state, manifest, patch_dir) -> Held | None:
     return Held(state, k, len(images), manifest) if k else None
 
 
-def _known_patch_ids(patch_dir: Path) -> set[str]:
-    """Stable patch IDs of the series in ``patch_dir`` and, for the project's
-    ``patches/``, of every earlier version in its repository's history."""
-    ids = {p.patch_id for p in manifest_mod.load(patch_dir / MANIFEST).patches}
+def foreign_commits(repo: Path, base: str, head: str, patch_dir: Path) -> list[str]:
+    """Commits of ``base..head`` that are no known series patch (by patch ID): the
+    user's.  Known: the series in ``patch_dir`` and, for the project's
+    ``patches/``, every earlier version in its repository's history."""
+    known = {p.patch_id for p in manifest_mod.load(patch_dir / MANIFEST).patches}
     tooling = patch_dir.resolve().parent
     if patch_dir.name == PATCH_DIR and g.is_repo(tooling):
         for rev, _version in history(tooling):
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 text = _blob(tooling, rev, f"{PATCH_DIR}/{MANIFEST}")
-                ids.update(p["patch_id"] for p in json.loads(text or "")["patches"])
-    return ids
-
-
-def foreign_commits(repo: Path, base: str, head: str, patch_dir: Path) -> list[str]:
-    """Commits of ``base..head`` that are no known series patch (by patch ID): the user's."""
-    known = _known_patch_ids(patch_dir)
+                known.update(p["patch_id"] for p in json.loads(text or "")["patches"])
     log = g.git(repo, "log", "-p", "--no-merges", "--no-renames", "--full-index", "--no-color",
                 "--format=commit %H", f"{base}..{head}", text=False).stdout  # fmt: skip
     ids = dict(line.split()[::-1] for line in g.out(repo, "patch-id", "--verbatim",

@@ -368,3 +368,17 @@ def test_manifest_pins_the_sha256_of_every_patch_file(toy_series):
     saved = manifest_mod.load(patch_dir / "series.json")
     for entry in saved.patches:
         assert entry.sha256 == hashlib.sha256((patch_dir / entry.file).read_bytes()).hexdigest()
+
+
+def test_hints_imports_no_tool_module_that_imports_it():
+    """``git`` prints ``hints``' messages: ``hints`` may import only ``manifest``."""
+    import ast
+
+    tree = ast.parse((manifest_mod.ROOT / "scripts" / "seriestool" / "hints.py").read_text())
+    imported = {
+        f"{node.module or ''}.{alias.name}".strip(".")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level
+        for alias in node.names
+    }
+    assert imported == {"manifest.PATCH_DIR", "manifest.ROOT"}

@@ -132,7 +132,9 @@ def _no_session(work: Path) -> None:
     leftovers = (
         [p.relative_to(rebase).as_posix() for p in rebase.rglob("*")] if rebase.exists() else []
     )
-    assert all(p.count("/") == 0 or p.endswith("report.md") for p in leftovers), leftovers
+    # The record: the report, and a test failure the next run's report keeps.
+    kept = ("report.md", "tests-failed.md")
+    assert all(p.count("/") == 0 or p.endswith(kept) for p in leftovers), leftovers
 
 
 def _apply_check(repo: Repo, commit: str, patch: Path, tmp: Path) -> int:
@@ -340,6 +342,9 @@ def test_keep_conflict_then_abort_restores_exactly(series, work_dir):
     assert snapshot(repo) == before
     assert _contents(patch_dir) == patches_before
     assert not rebase_mod.state_path().exists()
+    report = (work_dir / "rebase" / "conflict" / "report.md").read_text()
+    assert "Result: **ABORTED** (rebase to conflict aborted;" in report
+    assert "STOPPED" not in report and "CONTINUE=1" not in report
     with pytest.raises(SeriesError, match="no rebase is in progress"):
         rebase_mod.abort(log=lambda *_: None)
 
@@ -478,7 +483,7 @@ def test_patch_id_upstream_but_reverted_since_is_not_dropped(series):
 
 def test_refusals_name_the_input_and_the_fix(series, work_dir, capsys):
     repo, patch_dir = series
-    with pytest.raises(SeriesError, match="no commit or tag 'nope'.*drop VLLM="):
+    with pytest.raises(SeriesError, match="no commit or tag 'nope'; fetch it"):
         _rebase(repo, "nope", patch_dir)
     with pytest.raises(SeriesError, match="not a version.*needs VLLM="):
         rebase_mod.start("deadbeef", None, patch_dir=patch_dir, log=lambda *_: None)
@@ -573,6 +578,13 @@ def test_failing_tests_name_the_step_and_print_a_notest_command(series, monkeypa
         ["TO=drift", f"VLLM={repo.path}", f"PATCHES={patch_dir}", "NOTEST=1"]
     )
 
+    report = work_dir / "rebase" / "drift" / "report.md"
+    rows = {
+        line.split()[1]: line for line in report.read_text().splitlines() if " applied " in line
+    }
+    assert "FAILED: tests/test_third.py::test_third" in rows["0003-Loader-third-change.patch"]
+    assert " passed " in rows["0001-Loader-first-change.patch"]
+
     # The hint's variables, as the Makefile passes them, rebase without the tests.
     calls: list = []
     _fake_tests(monkeypatch, 1, calls)
@@ -580,6 +592,52 @@ def test_failing_tests_name_the_step_and_print_a_notest_command(series, monkeypa
             str(patch_dir), "--skip-tests"]  # fmt: skip
     assert main(args) == 0
     assert calls == []
+    # The failure stays in the record of the run that wrote patches/.
+    text = report.read_text()
+    assert "tests skipped after they FAILED" in text
+    assert "## Tests: an earlier run of this rebase FAILED" in text
+    assert "pytest on prefix 0001..0003: tests/test_third.py::test_third" in text
+
+
+def test_keep_continue_without_the_tests_keeps_their_failure_in_the_report(
+    series, monkeypatch, work_dir
+):
+    repo, patch_dir = series
+    _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    _fake_tests(monkeypatch, 1, [])
+    with pytest.raises(SeriesError, match=r"(?s)tests did not pass.*CONTINUE=1 NOTEST=1"):
+        _rebase(repo, "drift", patch_dir, skip_tests=False, keep_conflict=True)
+    assert rebase_mod.resume(log=lambda *_: None, skip_tests=True) == 0
+    text = (work_dir / "rebase" / "drift" / "report.md").read_text()
+    assert "Result: **SUCCESS, the tests skipped after they FAILED (below)**" in text
+    assert "fake series tests: 1 failed" in text
+
+
+def test_keep_stops_at_a_patch_whose_own_tests_fail_on_the_new_base(
+    make_repo, tmp_path, work_dir, monkeypatch
+):
+    checks = "import pkg.a\n\n\ndef test_first():\n    assert pkg.a.line_08 == 8\n"
+    repo, patch_dir = _one_off_series(make_repo, tmp_path, {"pkg/a.py": LOADER}, [
+        ("[Loader] first", {"pkg/a.py": PATCH_1,
+                            "tests/test_first.py": checks}),
+        ("[Loader] second", {"pkg/b.py": "VALUE = 1\n"}),
+    ])  # fmt: skip
+    _upstream(repo, "drift", {"pkg/a.py": _edit(LOADER, 8, "line_08 = 'eight'")})
+    _fake_tests(monkeypatch, 0, [])  # the whole series' step, after the patches
+    with pytest.raises(SeriesError) as err:
+        _rebase(repo, "drift", patch_dir, skip_tests=False, keep_conflict=True)
+    message = str(err.value)
+    assert "0001-Loader-first.patch fails its tests on" in message
+    assert "tests/test_first.py::test_first" in message and "CONTINUE=1" in message
+    assert repo.git("log", "-1", "--format=%s") == "[Loader] first"  # applied, open to amend
+    assert "tests failed" in (work_dir / "rebase" / "drift" / "report.md").read_text()
+
+    repo.write({"tests/test_first.py": checks.replace("== 8", "== 'eight'")})
+    repo.git("commit", "-q", "--amend", "--no-edit", "-a")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    first = (patch_dir / "0001-Loader-first.patch").read_text()
+    assert "+    assert pkg.a.line_08 == 'eight'" in first
+    assert not list(repo.path.rglob("__pycache__"))
 
 
 def test_commit_base_tests_run_on_the_new_base(series, monkeypatch):
@@ -693,15 +751,91 @@ def test_killed_keep_conflict_session_in_a_checkout_refuses_until_aborted(series
     before = snapshot(repo)
     with pytest.raises(SeriesError):
         _rebase(repo, "conflict", patch_dir, keep_conflict=True)
-    # Make it look like a process that died while applying.
+    # Make it look like a process that died while applying, before it stopped.
     sess = rebase_mod.Session.load()
     sess.phase, sess.pid = "running", 2**22 + 12345
+    sess.patches[0].status = rebase_mod.PENDING
     sess.save()
     with pytest.raises(SeriesError, match="interrupted while working in"):
         _rebase(repo, "conflict", patch_dir)
     with pytest.raises(SeriesError, match="(?s)interrupted, not stopped at a conflict.*ABORT=1"):
         rebase_mod.resume(log=lambda *_: None)
     assert rebase_mod.abort(log=lambda *_: None) == 0
+    assert snapshot(repo) == before
+
+
+_CONTINUE_KILLER = """
+import os, signal, sys
+sys.path.insert(0, {scripts!r})
+from seriestool import rebase
+finish = rebase._finish_conflicted_patch
+def killed(sess, log):
+    finish(sess, log)
+    os.kill(os.getpid(), signal.SIGKILL)  # the resolution committed, not yet recorded
+rebase._finish_conflicted_patch = killed
+rebase.resume()
+"""
+
+
+def _killed_continue(work_dir: Path) -> None:
+    """``CONTINUE=1`` killed (SIGKILL) right after it committed the resolved patch."""
+    script = _CONTINUE_KILLER.format(scripts=str(ROOT / "scripts"))
+    env = dict(os.environ, SERIES_WORK_DIR=str(work_dir))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+
+
+# Upstream changed the lines of both patch 1 and patch 3: two conflicts.
+TWO_CONFLICTS = _edit(_edit(LOADER, 10, "line_10 = 'X'"), 25, "line_25 = 'Y'")
+RESOLVED_1 = _edit(TWO_CONFLICTS, 10, "line_10 = 'X'  # series")
+
+
+def test_a_kill_during_continue_keeps_the_resolution_and_continue_goes_on(sdist_series, work_dir):
+    patch_dir, pip_args, index = sdist_series
+    _sdist(index, "4.0", TWO_CONFLICTS, "444444444")
+    start = dict(keep_conflict=True, skip_tests=True, patch_dir=patch_dir, pip_args=pip_args,
+                 log=lambda *_: None)  # fmt: skip
+    with pytest.raises(SeriesError, match="left in progress"):
+        rebase_mod.start("4.0", None, **start)
+    checkout = Repo(work_dir / "rebase" / "4.0" / "vllm")
+    checkout.write({"pkg/loader.py": RESOLVED_1})
+    checkout.git("add", "pkg/loader.py")
+    _killed_continue(work_dir)
+
+    # A new run neither discards the resolution nor starts over.
+    with pytest.raises(SeriesError, match="(?s)what you resolved is kept.*CONTINUE=1.*ABORT=1"):
+        rebase_mod.start("4.0", None, **start)
+    with pytest.raises(SeriesError, match="0003-Loader-third-change.patch conflicts"):
+        rebase_mod.resume(log=lambda *_: None)
+    checkout.write({"pkg/loader.py": _edit(RESOLVED_1, 25, "line_25 = 'Y'  # series")})
+    checkout.git("add", "pkg/loader.py")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert [p.subject for p in manifest.patches] == [
+        "[Loader] first change", "[Loader] second change", "[Loader] third change"
+    ]  # fmt: skip
+    assert "+line_10 = 'X'  # series" in (patch_dir / manifest.patches[0].file).read_text()
+    _no_session(work_dir)
+
+
+def test_a_kill_during_continue_in_a_checkout_is_dropped_only_by_abort(series, work_dir):
+    repo, patch_dir = series
+    _upstream(repo, "conflict", {"pkg/loader.py": TWO_CONFLICTS})
+    _user_clutter(repo)
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="left in progress"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.write({"pkg/loader.py": RESOLVED_1})
+    repo.git("add", "pkg/loader.py")
+    _killed_continue(work_dir)
+    resolved = repo.git("rev-parse", "HEAD")
+    with pytest.raises(SeriesError, match="what you resolved is kept"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    assert repo.git("rev-parse", "HEAD") == resolved
+
+    lines: list[str] = []
+    assert rebase_mod.abort(log=lines.append) == 0
+    assert "the conflict resolutions made by hand are dropped" in lines[-1]
     assert snapshot(repo) == before
 
 
@@ -1010,6 +1144,37 @@ def test_keep_conflict_without_an_am_session_keeps_nothing_and_says_so(
     _no_session(work_dir)
 
 
+def test_a_later_conflict_without_an_am_session_keeps_the_earlier_resolutions(
+    series, work_dir, monkeypatch
+):
+    repo, patch_dir = series
+    _upstream(repo, "conflict", {"pkg/loader.py": TWO_CONFLICTS})
+    before = snapshot(repo)
+    with pytest.raises(SeriesError, match="left in progress"):
+        _rebase(repo, "conflict", patch_dir, keep_conflict=True)
+    repo.write({"pkg/loader.py": RESOLVED_1})
+    repo.git("add", "pkg/loader.py")
+    real_am = patchset.am
+
+    def am(checkout, patches, *args, **kwargs):
+        if Path(checkout) == repo.path and patches[0].name.startswith("0003"):
+            raise SeriesError("git am failed: fatal: simulated failure before any session")
+        return real_am(checkout, patches, *args, **kwargs)
+
+    monkeypatch.setattr(patchset, "am", am)
+    with pytest.raises(SeriesError, match="(?s)what you resolved before it is kept.*ABORT=1"):
+        rebase_mod.resume(log=lambda *_: None)
+    assert "+line_10 = 'X'  # series" in repo.git("log", "-p", "-2")
+    # Its change made by hand as one commit is taken as its resolution.
+    repo.write({"pkg/loader.py": _edit(RESOLVED_1, 25, "line_25 = 'Y'  # series")})
+    repo.git("commit", "-q", "-a", "-m", "[Loader] third change")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    assert len(manifest_mod.load(patch_dir / "series.json").patches) == 3
+    assert {k: v for k, v in snapshot(repo).items() if k != "branches"} == {
+        k: v for k, v in before.items() if k != "branches"
+    }
+
+
 def test_continue_without_the_am_session_it_left_refuses(series, work_dir):
     """A stopped session whose checkout holds no git am session (none was
     recorded as left there): a clean checkout is no consent to skip the patch."""
@@ -1223,20 +1388,53 @@ def test_commit_without_sdist_is_refused_for_the_project_patches(series, work_di
     assert not (work_dir / "rebase").exists()
 
 
-def test_version_missing_in_vllm_prints_the_fetch_command(series, tmp_path, monkeypatch):
-    repo, patch_dir = series
-    upstream = Repo(tmp_path / "published")
-    subprocess.run(["git", "clone", "-q", "--bare", str(repo.path), str(upstream.path)], check=True)
-    new_base = _upstream(repo, "drift", {"pkg/loader.py": _edit(LOADER, 8, "line_08 = 'x'")})
-    subprocess.run(["git", "-C", str(repo.path), "push", "-q", str(upstream.path),
-                    f"{new_base}:refs/tags/v2.0"], check=True)  # fmt: skip
-    repo.git("branch", "-D", "drift")
-    monkeypatch.setitem(rebase_mod.UPSTREAM_REPOSITORIES, "toy", str(upstream.path))
-    with pytest.raises(SeriesError) as err:
-        _rebase(repo, "2.0", patch_dir)
-    fetch = next(ln.strip() for ln in str(err.value).splitlines() if "git -C" in ln)
-    subprocess.run(fetch, shell=True, check=True, capture_output=True)
-    assert _rebase(repo, "2.0", patch_dir)[0] == 0
+def test_a_version_is_its_sdist_even_where_vllm_has_a_tag_of_that_name(sdist_series, tmp_path):
+    """A local tag ``v2.0`` on another commit is no release: the sdist is the base."""
+    patch_dir, pip_args, _index = sdist_series
+    checkout = Repo(tmp_path / "series-work")
+    checkout.git("tag", "v2.0", checkout.commit("not the release", {"pkg/other.py": "X = 1\n"}))
+    before = snapshot(checkout)
+    assert rebase_mod.start("2.0", checkout.path, skip_tests=True, patch_dir=patch_dir,
+                            pip_args=pip_args, log=lambda *_: None) == 0  # fmt: skip
+    base = manifest_mod.load(patch_dir / "series.json").base
+    assert (base.upstream_commit, base.sdist.filename) == ("222222222", "toyvllm-2.0.tar.gz")
+    assert base.commit == rebase_mod.g.rev(base_mod.base_repo_path("toyvllm", "2.0"), "base")
+    assert snapshot(checkout) == before
+
+
+def test_version_keep_conflict_in_vllm_brings_the_sdist_base_into_it(
+    sdist_series, tmp_path, work_dir, monkeypatch
+):
+    patch_dir, pip_args, _index = sdist_series
+    monkeypatch.setattr(manifest_mod, "PATCH_DIR", patch_dir)  # the project's own series
+    checkout = Repo(tmp_path / "series-work")
+    checkout.git("tag", "v3.0", "HEAD")
+    with pytest.raises(SeriesError, match="left in progress in .*series-work"):
+        rebase_mod.start("v3.0", checkout.path, keep_conflict=True, skip_tests=True,
+                         patch_dir=patch_dir, pip_args=pip_args, log=lambda *_: None)  # fmt: skip
+    checkout.write({"pkg/loader.py": _edit(LOADER, 10, "line_10 = 'X'  # series")})
+    checkout.git("add", "pkg/loader.py")
+    assert rebase_mod.resume(log=lambda *_: None) == 0
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    assert manifest.base.sdist.filename == "toyvllm-3.0.tar.gz"
+    assert manifest.base.upstream_commit == "333333333"
+    assert check_manifest.problems(manifest, patch_dir) == []
+
+
+def test_check_manifest_compares_the_upstream_commit_with_the_cached_sdist(
+    sdist_series, monkeypatch, capsys
+):
+    patch_dir, _pip_args, _index = sdist_series
+    manifest = manifest_mod.load(patch_dir / "series.json")
+    manifest.base.upstream_commit = "999999999"
+    manifest.save(patch_dir / "series.json")
+    assert main(["check-manifest", "--patches-dir", str(patch_dir),
+                 "--manifest", str(patch_dir / "series.json")]) == 1  # fmt: skip
+    assert "toyvllm-1.0.tar.gz records '111111111'" in capsys.readouterr().out
+    manifest.base.upstream_commit = "111111111"
+    manifest.base.sdist = manifest_mod.Sdist("", "")
+    monkeypatch.setattr(manifest_mod, "PATCH_DIR", patch_dir)
+    assert any("pins no sdist" in p for p in check_manifest.problems(manifest, patch_dir))
 
 
 def test_keep_conflict_with_the_branch_already_there_takes_a_free_name(series, work_dir):
