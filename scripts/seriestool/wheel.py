@@ -32,11 +32,24 @@ PACKAGE = "vllm/"  # what the wheel installs of the series' files
 ADDED_DATE = (2000, 1, 1, 0, 0, 0)  # zip date of files the series adds
 
 
-def local_version(version: str, series_version: str) -> str:
+def patches_digest(patches: Sequence[Path]) -> str:
+    """The first 12 hex digits of a sha256 over the patch files' sha256s, one a
+    line, in order (the sha256s ``patches/series.json`` records)."""
+    digest = hashlib.sha256()
+    for path in patches:
+        digest.update(f"{base_mod.sha256_of(path)}\n".encode())
+    return digest.hexdigest()[:12]
+
+
+def local_version(version: str, series_version: str, patches: Sequence[Path]) -> str:
+    """The patched wheel's version, ``<version>+instanttensor.v<N>.<digest>``: it
+    satisfies ``==<version>``, names the series version and, by the digest of
+    its patch files, the build (pip takes a wheel of the installed version as
+    installed, so another build must have another version)."""
     label = f"{LOCAL_LABEL}.v{series_version}".lower()
     if not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
         raise SeriesError(f"series version {series_version!r} makes no PEP 440 local version")
-    return f"{version}+{label}"
+    return f"{version}+{label}.{patches_digest(patches)}"
 
 
 def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=print) -> Path:
@@ -96,7 +109,7 @@ def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: 
     """Write the patched wheel into ``out_dir``, in place of any other wheel of the
     project there; returns its path."""
     project, version, tags = released.name[: -len(".whl")].split("-", 2)
-    new_version = local_version(version, series_version)
+    new_version = local_version(version, series_version, patches)
     info_dir = f"{project}-{version}.dist-info/"
     renames = {f"{project}-{version}.{kind}/": f"{project}-{new_version}.{kind}/"
                for kind in ("dist-info", "data")}  # fmt: skip

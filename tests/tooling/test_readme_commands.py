@@ -92,7 +92,8 @@ def test_the_quick_start_installs_what_make_wheel_writes():
     quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     manifest = manifest_mod.load()
     version = manifest.base.version
-    built = f"vllm-{wheel.local_version(version, manifest.version)}-cp38-abi3-{wheel.PLATFORM}.whl"
+    built = wheel.local_version(version, manifest.version, manifest.patch_paths())
+    built = f"vllm-{built}-cp38-abi3-{wheel.PLATFORM}.whl"
     assert wheel.OUT_DIR == ROOT / "work" / "wheel"
     installs = re.findall(r"pip install (.*)", quick)
     wheels = [w for line in installs for w in line.split() if w.endswith(".whl")]
@@ -104,7 +105,7 @@ def test_the_quick_start_installs_what_make_wheel_writes():
     assert all("--no-deps" in line for line in installs if ".whl" in line)
     assert f"pip install vllm=={version}\n" in quick
     assert f"FROM vllm/vllm-openai:v{version}\n" in quick and "-f - work/wheel <<'EOF'" in quick
-    assert f"`{version}+{wheel.LOCAL_LABEL}.v<N>`" in quick
+    assert f"`{version}+{wheel.LOCAL_LABEL}.v<N>.<hash>`" in quick
     # Every option the README names is one the patches define.
     patches = "".join(p.read_text() for p in (ROOT / "patches").glob("*.patch"))
     for key in set(re.findall(r"\b(instanttensor_[a-z_]+|INSTANTTENSOR_[A-Z_]+)", text)):

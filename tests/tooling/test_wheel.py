@@ -13,6 +13,7 @@ import base64
 import csv
 import hashlib
 import io
+import re
 import subprocess
 import sys
 import venv
@@ -103,25 +104,40 @@ def check_record(path: Path) -> dict[str, bytes]:
     return members
 
 
+def fresh_venv(path: Path) -> Path:
+    """A venv without pip (pip installs into it from outside); returns its python."""
+    venv.create(path, with_pip=False)
+    return path / "bin" / "python"
+
+
+def pip_install(python: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-index", "--disable-pip-version-check", *map(str, args)],
+                   check=True)  # fmt: skip
+
+
+def installed_version(python: Path) -> str:
+    code = "import importlib.metadata as m; print(m.version('vllm'))"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
 def test_the_built_wheel_installs_the_patched_vllm(toy, tmp_path):
-    _repo, _patches, applied, files = toy
+    _repo, patches, applied, files = toy
     dest = build(toy, files, tmp_path)
-    assert dest.name == f"vllm-1.0+instanttensor.v4-{TAGS}.whl"
+    version = wheel.local_version("1.0", "4", patches)
+    assert dest.name == f"vllm-{version}-{TAGS}.whl"
     members = check_record(dest)
-    info = "vllm-1.0+instanttensor.v4.dist-info/"
-    assert b"\nVersion: 1.0+instanttensor.v4\n" in members[f"{info}METADATA"]
+    info = f"vllm-{version}.dist-info/"
+    assert f"\nVersion: {version}\n".encode() in members[f"{info}METADATA"]
     assert (
         members[f"{info}WHEEL"]
         == f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {TAGS}\n".encode()
     )
     assert not [n for n in members if n.startswith("vllm-1.0.dist-info/")]
 
-    env = tmp_path / "venv"
-    venv.create(env, with_pip=False)
-    python = env / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                    "--no-deps", "--no-index", "--disable-pip-version-check", str(dest)],
-                   check=True)  # fmt: skip
+    python = fresh_venv(tmp_path / "venv")
+    pip_install(python, dest)
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
     site = Path(site.stdout.strip())
@@ -135,7 +151,7 @@ def test_the_built_wheel_installs_the_patched_vllm(toy, tmp_path):
          " print(vllm.loader.load(1), vllm.added.ADDED, m.version('vllm'))"],
         capture_output=True, text=True, cwd=tmp_path, check=True,
     )  # fmt: skip
-    assert done.stdout.split() == ["2", "2", "1.0+instanttensor.v4"]
+    assert done.stdout.split() == ["2", "2", version]
 
     # The next series version's wheel takes the place of this one.
     repo, patches, _applied, _ = toy
@@ -148,7 +164,7 @@ def test_the_built_wheel_installs_the_patched_vllm(toy, tmp_path):
         dest.parent,
     )
     assert sorted(dest.parent.iterdir()) == [newer] and newer.name.startswith(
-        "vllm-1.0+instanttensor.v5-"
+        "vllm-1.0+instanttensor.v5."
     )
 
 
@@ -211,13 +227,45 @@ def test_a_released_wheel_that_is_not_there_is_named(tmp_path, monkeypatch, caps
     assert "free space" not in error
 
 
-def test_the_local_version_names_the_series_and_keeps_the_pin():
+def renamed_patches(patches: list[Path], folder: Path) -> list[Path]:
+    """Copies of ``patches`` whose second subject is reworded: other bytes, same files."""
+    folder.mkdir()
+    for patch in patches:
+        (folder / patch.name).write_bytes(patch.read_bytes().replace(b"] two", b"] 2"))
+    return sorted(folder.iterdir())
+
+
+def test_the_local_version_names_the_series_and_its_patches_and_keeps_the_pin(toy, tmp_path):
+    version = pytest.importorskip("packaging.version")
     specifiers = pytest.importorskip("packaging.specifiers")
-    version = wheel.local_version("0.33.0", "4")
-    assert version == "0.33.0+instanttensor.v4"
-    assert specifiers.SpecifierSet("==0.33.0").contains(version)
+    patches = toy[1]
+    built = wheel.local_version("0.33.0", "4", patches)
+    assert re.fullmatch(r"0\.33\.0\+instanttensor\.v4\.[0-9a-f]{12}", built)
+    assert str(version.Version(built)) == built
+    assert specifiers.SpecifierSet("==0.33.0").contains(built)
+    assert wheel.local_version("0.33.0", "4", list(patches)) == built  # the same patches
+    other = renamed_patches(patches, tmp_path / "other")
+    assert wheel.local_version("0.33.0", "4", other) != built
+    assert wheel.local_version("0.33.0", "4", patches[::-1]) != built  # another order
     with pytest.raises(SeriesError, match="no PEP 440 local version"):
-        wheel.local_version("0.33.0", "4-rc 1")
+        wheel.local_version("0.33.0", "4-rc 1", patches)
+
+
+def test_a_rebuild_from_other_patches_replaces_the_installed_one(toy, tmp_path):
+    """pip takes a wheel of the installed version as installed: another build
+    of the same series version must have another version to be installed."""
+    repo, patches, _applied, files = toy
+    first = build(toy, files, tmp_path)
+    other = renamed_patches(patches, tmp_path / "other")
+    released = tmp_path / "released" / f"vllm-1.0-{TAGS}.whl"
+    second = wheel.build(repo.path, "main", other, released, "4", tmp_path / "again")
+    assert second.name != first.name
+    python = fresh_venv(tmp_path / "venv")
+    shown = []
+    for dest in (first, second):
+        pip_install(python, dest)
+        shown.append(installed_version(python))
+    assert shown == [wheel.local_version("1.0", "4", p) for p in (patches, other)]
 
 
 def test_the_released_wheel_when_cached(tmp_path):
