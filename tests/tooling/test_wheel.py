@@ -16,6 +16,7 @@ import io
 import re
 import subprocess
 import sys
+import types
 import venv
 import zipfile
 from pathlib import Path
@@ -201,7 +202,7 @@ def test_a_member_that_does_not_match_the_release_record_is_refused(toy, tmp_pat
     repo, patches, _applied, _ = toy
     with pytest.raises(SeriesError, match="vllm/kept.py in .* does not match its RECORD"):
         wheel.build(repo.path, "main", patches, damaged, "4", tmp_path / "out")
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("given", ["missing", "relative", "folder"])
@@ -225,6 +226,138 @@ def test_a_released_wheel_that_is_not_there_is_named(tmp_path, monkeypatch, caps
     assert f"WHEEL=: {shown} {'is not a file' if given == 'folder' else 'does not exist'}" in error
     assert f"released wheel of {base.project} {base.version}" in error
     assert "free space" not in error
+
+
+def damaged(released: Path, how: str) -> bytes:
+    """The bytes of ``released`` damaged ``how``."""
+    data = released.read_bytes()
+    if how == "truncated":
+        return data[: len(data) // 2]
+    if how == "flipped":  # a byte inside vllm/_C.abi3.so's compressed data
+        with zipfile.ZipFile(released) as zf:
+            info = zf.getinfo("vllm/_C.abi3.so")
+        at = info.header_offset + 30 + len(info.filename) + len(info.extra) + 100
+        return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+    raise AssertionError(how)
+
+
+@pytest.fixture
+def wheel_cli(toy, tmp_path, monkeypatch, capsys):
+    """``make wheel`` on the toy series: returns a function that runs it with
+    its arguments and returns (exit status, stderr); the base is the toy's
+    repository, the cache and output folders are under ``tmp_path``."""
+    from seriestool import cli
+
+    repo, patches, _applied, files = toy
+    stand_in = types.SimpleNamespace(base=types.SimpleNamespace(project="vllm", version="1.0"),
+                                     version="4", patch_paths=lambda: patches)  # fmt: skip
+    monkeypatch.setattr(manifest_mod, "load", lambda: stand_in)
+    monkeypatch.setattr(base_mod, "materialise_pinned", lambda _m: (repo.path, "", ""))
+    monkeypatch.setattr(base_mod, "BASE_BRANCH", "main")
+    monkeypatch.setattr(wheel, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(wheel, "OUT_DIR", tmp_path / "out")
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = cli.main(["wheel", *argv])
+        return code, capsys.readouterr().err
+
+    return run
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "another version"])
+def test_a_damaged_or_wrong_wheel_given_is_a_message(toy, tmp_path, wheel_cli, how):
+    files = dict(toy[3])
+    given = tmp_path / "given" / f"vllm-1.0-{TAGS}.whl"
+    given.parent.mkdir()
+    if how == "another version":  # the wheel of another release, renamed
+        given.write_bytes(make_standin(tmp_path / "other", files, "0.9").read_bytes())
+    else:
+        given.write_bytes(damaged(make_standin(tmp_path / "released", files), how))
+    code, error = wheel_cli("--wheel", str(given))
+    assert code == 1 and "Traceback" not in error
+    wrong = {
+        "truncated": "is not a complete zip file",
+        "flipped": "is damaged: vllm/_C.abi3.so in it fails its CRC-32 check",
+        "another version": "holds vllm 0.9 (its vllm-0.9.dist-info/METADATA), not vllm 1.0",
+    }
+    assert f"error: {given} {wrong[how]}" in error
+    assert "pip download --no-deps --only-binary=:all: --platform" in error
+    assert "vllm==1.0" in error and "or leave WHEEL= out" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_damaged_byte_or_length_is_a_message_or_harmless(toy, tmp_path, monkeypatch):
+    """A byte flipped anywhere in the released wheel, or the file cut anywhere:
+    the build either refuses it with a message or, where the byte is one no
+    reader uses (a zip date), builds the same files."""
+    repo, patches, _applied, files = toy
+    released = make_standin(tmp_path / "released", files)
+    good = check_record(wheel.build(repo.path, "main", patches, released, "4", tmp_path / "good"))
+    series = wheel.series_files(repo.path, "main", patches)
+    monkeypatch.setattr(wheel, "series_files", lambda *_a: series)
+    data = released.read_bytes()
+    variants = [data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1 :]
+                for at in range(0, len(data), 5)]  # fmt: skip
+    variants += [data[:length] for length in range(0, len(data), len(data) // 40)]
+    for n, variant in enumerate(variants):
+        given = tmp_path / f"v{n}" / released.name
+        given.parent.mkdir()
+        given.write_bytes(variant)
+        try:
+            built = wheel.build(repo.path, "main", patches, given, "4", tmp_path / f"out{n}")
+        except wheel.DamagedWheel as e:
+            assert str(e).startswith(("vllm/", str(given))), e
+            assert not (tmp_path / f"out{n}").exists()
+        else:
+            assert check_record(built) == good
+
+
+def test_a_wheel_named_for_another_version_is_refused(tmp_path, wheel_cli):
+    given = make_standin(tmp_path / "given", {"vllm/__init__.py": b""}, "0.9")
+    code, error = wheel_cli("--wheel", str(given))
+    assert code == 1
+    assert f"error: {given} is named as a wheel of vllm 0.9, not vllm 1.0, the base" in error
+    assert "pip download" in error
+
+
+def test_the_cached_wheel_is_checked_against_the_sha256_recorded_at_download(
+    toy, tmp_path, wheel_cli, monkeypatch
+):
+    """pip download checks the wheel against the index's sha256; the tool
+    records it beside the wheel and checks it at each use."""
+    from seriestool import interrupts
+
+    released = make_standin(tmp_path / "released", dict(toy[3]))
+    downloads = []
+
+    def pip_download(cmd, **_kw):
+        downloads.append(cmd)
+        folder = Path(cmd[cmd.index("-d") + 1])
+        (folder / released.name).write_bytes(released.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(interrupts, "run", pip_download)
+    code, error = wheel_cli()
+    assert code == 0, error
+    cached = tmp_path / "cache" / released.name
+    record = cached.with_name(cached.name + ".sha256")
+    digest = hashlib.sha256(released.read_bytes()).hexdigest()
+    assert record.read_text() == f"{digest}  {released.name}\n"  # as sha256sum writes it
+    built = sorted((tmp_path / "out").iterdir())
+    assert wheel_cli() == (0, "") and len(downloads) == 1  # used again, not downloaded
+
+    for how in ("flipped", "truncated"):
+        cached.write_bytes(damaged(released, how))
+        code, error = wheel_cli()
+        assert code == 1 and "Traceback" not in error
+        assert f"error: {cached} has sha256 " in error and f"not {digest}, the sha256" in error
+        assert f"rm -f {cached} {record}" in error
+        assert sorted((tmp_path / "out").iterdir()) == built  # the earlier build is kept
+    record.unlink()
+    cached.write_bytes(released.read_bytes())
+    code, error = wheel_cli()
+    assert code == 1 and f"error: {cached} has no {record.name} beside it" in error
+    assert f"rm -f {cached} {record}" in error and len(downloads) == 1
 
 
 def renamed_patches(patches: list[Path], folder: Path) -> list[Path]:
