@@ -297,9 +297,13 @@ def run(args: argparse.Namespace) -> int:
         dest = build(repo, base_mod.BASE_BRANCH, patches, released, manifest.version, OUT_DIR)
     except DamagedWheel as e:
         raise SeriesError(f"{e}\n{refetch(project, version, args.wheel)}") from None
-    print(f"{dest}: {project} {version} with the {len(patches)} patches of series"
-          f" {manifest.version}; install it where {project}=={version} is, keeping its"
-          f" dependencies:\n  pip install --no-deps {dest}")  # fmt: skip
+    built = local_version(version, manifest.version, patches)
+    print(f"{dest}: {project} {built}, {project} {version} with the {len(patches)} patches"
+          f" of series {manifest.version}.  It installs as {project} {version} itself, pip"
+          f" resolving that release's own dependencies (where {project}=={version} is"
+          f" installed, only {project}'s files change; `--dry-run` shows what would):"
+          f"\n  pip install {shlex.quote(str(dest))}\nthen `pip show {project}` shows"
+          f" {built} and `pip check` no broken requirement.")  # fmt: skip
     return 0
 
 

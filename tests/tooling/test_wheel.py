@@ -43,12 +43,15 @@ def record_row(name: str, data: bytes) -> list[str]:
     return [name, f"sha256={digest}", str(len(data))]
 
 
-def make_standin(path: Path, files: dict[str, bytes], version: str = "1.0") -> Path:
-    """A wheel laid out as vLLM's: the package, then dist-info with RECORD last."""
-    info = f"vllm-{version}.dist-info/"
+def make_standin(path: Path, files: dict[str, bytes], version: str = "1.0", requires: str = "",
+                 project: str = "vllm") -> Path:  # fmt: skip
+    """A wheel laid out as vLLM's: the package, then dist-info with RECORD last;
+    ``requires``: its Requires-Dist lines."""
+    info = f"{project}-{version}.dist-info/"
+    metadata = f"Metadata-Version: 2.4\nName: {project}\nVersion: {version}\n{requires}\n"
     members = {
         **files,
-        f"{info}METADATA": f"Metadata-Version: 2.4\nName: vllm\nVersion: {version}\n\nAbout.\n",
+        f"{info}METADATA": metadata + "About.\n",
         f"{info}WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {TAGS}\n",
         f"{info}entry_points.txt": "[console_scripts]\nvllm = vllm.loader:load\n",
     }
@@ -56,7 +59,7 @@ def make_standin(path: Path, files: dict[str, bytes], version: str = "1.0") -> P
     rows = [record_row(n, d) for n, d in members.items()] + [[f"{info}RECORD", "", ""]]
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(rows)
-    dest = path / f"vllm-{version}-{TAGS}.whl"
+    dest = path / f"{project}-{version}-{TAGS}.whl"
     path.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in members.items():
@@ -244,7 +247,7 @@ def damaged(released: Path, how: str) -> bytes:
 @pytest.fixture
 def wheel_cli(toy, tmp_path, monkeypatch, capsys):
     """``make wheel`` on the toy series: returns a function that runs it with
-    its arguments and returns (exit status, stderr); the base is the toy's
+    its arguments and returns (exit status, stdout, stderr); the base is the toy's
     repository, the cache and output folders are under ``tmp_path``."""
     from seriestool import cli
 
@@ -257,9 +260,9 @@ def wheel_cli(toy, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(wheel, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(wheel, "OUT_DIR", tmp_path / "out")
 
-    def run(*argv: str) -> tuple[int, str]:
+    def run(*argv: str) -> tuple[int, str, str]:
         code = cli.main(["wheel", *argv])
-        return code, capsys.readouterr().err
+        return code, *capsys.readouterr()
 
     return run
 
@@ -273,7 +276,7 @@ def test_a_damaged_or_wrong_wheel_given_is_a_message(toy, tmp_path, wheel_cli, h
         given.write_bytes(make_standin(tmp_path / "other", files, "0.9").read_bytes())
     else:
         given.write_bytes(damaged(make_standin(tmp_path / "released", files), how))
-    code, error = wheel_cli("--wheel", str(given))
+    code, _out, error = wheel_cli("--wheel", str(given))
     assert code == 1 and "Traceback" not in error
     wrong = {
         "truncated": "is not a complete zip file",
@@ -314,7 +317,7 @@ def test_every_damaged_byte_or_length_is_a_message_or_harmless(toy, tmp_path, mo
 
 def test_a_wheel_named_for_another_version_is_refused(tmp_path, wheel_cli):
     given = make_standin(tmp_path / "given", {"vllm/__init__.py": b""}, "0.9")
-    code, error = wheel_cli("--wheel", str(given))
+    code, _out, error = wheel_cli("--wheel", str(given))
     assert code == 1
     assert f"error: {given} is named as a wheel of vllm 0.9, not vllm 1.0, the base" in error
     assert "pip download" in error
@@ -337,27 +340,49 @@ def test_the_cached_wheel_is_checked_against_the_sha256_recorded_at_download(
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(interrupts, "run", pip_download)
-    code, error = wheel_cli()
+    code, _out, error = wheel_cli()
     assert code == 0, error
     cached = tmp_path / "cache" / released.name
     record = cached.with_name(cached.name + ".sha256")
     digest = hashlib.sha256(released.read_bytes()).hexdigest()
     assert record.read_text() == f"{digest}  {released.name}\n"  # as sha256sum writes it
     built = sorted((tmp_path / "out").iterdir())
-    assert wheel_cli() == (0, "") and len(downloads) == 1  # used again, not downloaded
+    assert wheel_cli()[::2] == (0, "") and len(downloads) == 1  # used again, not downloaded
 
     for how in ("flipped", "truncated"):
         cached.write_bytes(damaged(released, how))
-        code, error = wheel_cli()
+        code, _out, error = wheel_cli()
         assert code == 1 and "Traceback" not in error
         assert f"error: {cached} has sha256 " in error and f"not {digest}, the sha256" in error
         assert f"rm -f {cached} {record}" in error
         assert sorted((tmp_path / "out").iterdir()) == built  # the earlier build is kept
     record.unlink()
     cached.write_bytes(released.read_bytes())
-    code, error = wheel_cli()
+    code, _out, error = wheel_cli()
     assert code == 1 and f"error: {cached} has no {record.name} beside it" in error
     assert f"rm -f {cached} {record}" in error and len(downloads) == 1
+
+
+def test_the_install_command_printed_leaves_no_mixed_environment(toy, tmp_path, wheel_cli):
+    """Over another release, the command ``make wheel`` prints installs the
+    base's own dependencies with it: ``pip check`` finds nothing broken."""
+    files = dict(toy[3])
+    index = tmp_path / "index"  # what pip may install: a dependency of each release
+    for version in ("1", "2"):
+        make_standin(index, {}, version, project="dep")
+    python = fresh_venv(tmp_path / "venv")
+    other = make_standin(tmp_path / "other", files, "1.1", "Requires-Dist: dep==2\n")
+    pip_install(python, "--find-links", index, other)
+    released = make_standin(tmp_path / "released", files, "1.0", "Requires-Dist: dep==1\n")
+    code, out, error = wheel_cli("--wheel", str(released))
+    assert code == 0, error
+    [command] = [line.split() for line in out.splitlines() if line.strip().startswith("pip ")]
+    assert command[:2] == ["pip", "install"]
+    pip_install(python, "--find-links", index, *command[2:])
+    check = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "check"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout
+    assert installed_version(python) == wheel.local_version("1.0", "4", toy[1])
 
 
 def renamed_patches(patches: list[Path], folder: Path) -> list[Path]:
