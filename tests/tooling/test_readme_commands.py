@@ -18,7 +18,7 @@ BY_HAND = {
     "git -C work/rebase/": "resolving a rebase conflict by hand",
     "git add patches SERIES.md": "committing the rebased series in this repository",
     "git commit -m": "committing the rebased series in this repository",
-    "--model-loader-extra-config": "continuation of a vllm serve line",
+    "python3 -c 'import json,struct": "a checkpoint's largest tensors: test_wheel.py runs it",
     # The quick start: test_the_quick_start_installs_what_make_wheel_writes.
     "pip install --dry-run work/wheel/": "what installing the patched wheel would change",
     "pip install work/wheel/": "installing the patched wheel where vLLM is",

@@ -447,3 +447,40 @@ def test_the_released_wheel_when_cached(tmp_path):
     for kind, path in (line.split("\t") for line in touched):
         assert members.get(path) == (None if kind == "D" else (applied / path).read_bytes()), path
     assert len(touched) > 0
+
+
+def test_the_readme_load_options_give_every_key_the_patches_accept(tmp_path):
+    """The README's load options: every key the patched loader accepts (its
+    ``INSTANTTENSOR_SETTINGS``), with its type, default and variable; and the
+    command that lists a checkpoint's largest tensors runs on one."""
+    st = pytest.importorskip("safetensors.numpy")
+    np = pytest.importorskip("numpy")
+    readme = (manifest_mod.ROOT / "README.md").read_text()
+    options = readme.split("### Load options", 1)[1].split("\n## ", 1)[0]
+    code = re.sub(r"(?m)^\+", "", "".join(p.read_text() for p in manifest_mod.load().patch_paths()))
+    accepted = dict(re.findall(r'(?m)^    "(instanttensor_\w+)": "an? (.+)",$', code))
+    variables = dict(
+        re.findall(r'_setting_or_env\(\s*"(instanttensor_\w+)",\s*\w+,\s*"(\w+)"', code)
+    )
+    rows = [[cell.strip() for cell in line.split("|")[1:4]] for line in options.splitlines()
+            if line.startswith("| `instanttensor_")]  # fmt: skip
+    assert sorted(row[0].strip("`") for row in rows) == sorted(accepted)
+    assert len(variables) == 2
+    for key, kind, variable in rows:
+        key = key.strip("`")
+        assert kind.startswith(accepted[key]) and re.search(r"\(.+\)$", kind), key
+        assert variable.startswith(f"`{variables[key]}`") if key in variables else not variable
+    assert "those tensors" not in options
+
+    for name, tensors in {
+        "a": {"embed": (4096, 1024), "norm": (8,)},
+        "b": {"w": (512, 512)},
+    }.items():
+        st.save_file({k: np.zeros(shape, np.float32) for k, shape in tensors.items()},
+                     tmp_path / f"{name}.safetensors")  # fmt: skip
+    [command] = [line for line in options.splitlines() if line.startswith("python3 -c ")]
+    shown = subprocess.run(["bash", "-c", command.replace("<model>", str(tmp_path))],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert [line.split() for line in shown.splitlines()] == [
+        ["0.0", "MiB", "norm"], ["1.0", "MiB", "w"], ["16.0", "MiB", "embed"]
+    ]  # fmt: skip
