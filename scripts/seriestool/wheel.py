@@ -9,6 +9,7 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import re
 import shlex
 import shutil
@@ -86,7 +87,8 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
         check_recorded(found[0])
         return found[0]
     cache.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {project}=={version}'s wheel from PyPI into {cache} (once; a few hundred MB)")
+    log(f"downloading {project}=={version}'s wheel from {pip_sources()} into {cache} (once; a"
+        " few hundred MB)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="download-", dir=cache) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--platform", PLATFORM, "--disable-pip-version-check", "--progress-bar=off",
@@ -95,14 +97,34 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
         got = sorted(Path(tmp).glob(pattern))
         if proc.returncode != 0 or len(got) != 1:
             detail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+            wanted = f"{project}-{version}-*-{PLATFORM}.whl"
+            links = os.environ.get("PIP_FIND_LINKS")
+            if links:
+                hint = f"PIP_FIND_LINKS={links} holds no {wanted}: put it there"
+            elif no_index():
+                hint = (f"PIP_NO_INDEX is set: pip reads only PIP_FIND_LINKS=<folder>, a folder"
+                        f" with {wanted}")  # fmt: skip
+            else:
+                hint = f"download {wanted} into {cache}"
             raise SeriesError(
-                f"pip found no {PLATFORM} wheel of {project}=={version}:\n  " + "\n  ".join(detail)
-                + f"\ndownload one into {cache}, or name it with WHEEL=<path>"
+                f"pip found no {PLATFORM} wheel of {project}=={version} in {pip_sources()}:\n  "
+                + "\n  ".join(detail) + f"\n{hint}, or name one with WHEEL=<path>"
             )  # fmt: skip
         dest = cache / got[0].name
         # The record first: a wheel without one is refused, a record alone is unused.
         record_of(dest).write_text(f"{base_mod.sha256_of(got[0])}  {dest.name}\n")
         return Path(shutil.move(str(got[0]), dest))
+
+
+def no_index() -> bool:
+    """Whether PIP_NO_INDEX keeps pip off every index (pip's reading of a flag)."""
+    return os.environ.get("PIP_NO_INDEX", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def pip_sources() -> str:
+    """Where pip looks for a download, as its environment says (PyPI unless set)."""
+    index = "" if no_index() else os.environ.get("PIP_INDEX_URL") or "PyPI"
+    return " and ".join(filter(None, [index, os.environ.get("PIP_FIND_LINKS")])) or "no index"
 
 
 def check_recorded(wheel: Path) -> None:

@@ -385,6 +385,30 @@ def test_the_install_command_printed_leaves_no_mixed_environment(toy, tmp_path, 
     assert installed_version(python) == wheel.local_version("1.0", "4", toy[1])
 
 
+def test_offline_the_download_names_its_folder_and_pip_find_links(tmp_path, monkeypatch):
+    """With PIP_FIND_LINKS the download says it reads that folder, not PyPI;
+    offline without the wheel there, the refusal says what PIP_FIND_LINKS is for."""
+    from seriestool import interrupts
+
+    folder = tmp_path / "wheels"
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    missing = "ERROR: No matching distribution found for vllm==1.0"
+    failed = subprocess.CompletedProcess([], 1, "", missing)
+    monkeypatch.setattr(interrupts, "run", lambda *_a, **_kw: failed)
+    said: list[str] = []
+    with pytest.raises(SeriesError) as refused:
+        wheel.released_wheel("vllm", "1.0", tmp_path / "cache", log=said.append)
+    assert "PyPI" not in said[0] and f"from {folder}" in said[0]
+    assert missing in str(refused.value)
+    assert f"PIP_FIND_LINKS={folder} holds no vllm-1.0-*-{wheel.PLATFORM}.whl" in str(refused.value)
+    monkeypatch.delenv("PIP_FIND_LINKS")
+    with pytest.raises(SeriesError) as refused:
+        wheel.released_wheel("vllm", "1.0", tmp_path / "cache", log=said.append)
+    assert "PIP_NO_INDEX is set: pip reads only PIP_FIND_LINKS=<folder>" in str(refused.value)
+
+
 def renamed_patches(patches: list[Path], folder: Path) -> list[Path]:
     """Copies of ``patches`` whose second subject is reworded: other bytes, same files."""
     folder.mkdir()
@@ -484,3 +508,14 @@ def test_the_readme_load_options_give_every_key_the_patches_accept(tmp_path):
     assert [line.split() for line in shown.splitlines()] == [
         ["0.0", "MiB", "norm"], ["1.0", "MiB", "w"], ["16.0", "MiB", "embed"]
     ]  # fmt: skip
+
+
+def test_the_quick_start_says_what_the_first_run_needs_and_where_the_user_docs_are():
+    """The time and disk of the first run hold for a CPU build of torch; the
+    user docs of the series are in the patched source, not in the wheel."""
+    readme = (manifest_mod.ROOT / "README.md").read_text()
+    quick = " ".join(readme.split("## Quick start", 1)[1].split("\n## ", 1)[0].split())
+    assert re.search(r"about 5 minutes and \d+ GB where pip finds torch [\d.]+'s CPU build", quick)
+    assert "from plain PyPI it takes the CUDA build, about 5 GB more" in quick
+    assert "the patched `docs/" not in quick
+    assert "`docs/models/extensions/instanttensor.md` in the vLLM source with the series" in quick
