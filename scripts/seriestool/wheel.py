@@ -34,10 +34,9 @@ PLATFORM = "manylinux_2_28_x86_64"  # the platform of the official vLLM image
 PACKAGE = "vllm/"  # what the wheel installs of the series' files
 ADDED_DATE = (2000, 1, 1, 0, 0, 0)  # zip date of files the series adds
 # What zipfile raises reading a damaged archive: a bad header, a cut or corrupt
-# stream, a compression method or flag (encryption) made up by a bad byte, a
-# seek out of the file.
-ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
-              OSError)  # fmt: skip
+# stream, a compression method (NotImplementedError) or encryption flag
+# (RuntimeError) made up by a bad byte, a seek out of the file (OSError).
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, OSError)
 
 
 def patches_digest(patches: Sequence[Path]) -> str:
@@ -64,9 +63,9 @@ class DamagedWheel(SeriesError):
     """The released wheel is damaged or another one; ``run`` adds how to get it again."""
 
 
-def download_command(project: str, version: str, folder: str = "<folder>") -> str:
-    """The pip command that downloads the released wheel ``released_wheel`` uses."""
-    return (f"pip download --no-deps --only-binary=:all: --platform {PLATFORM} -d {folder}"
+def download_command(project: str, version: str) -> str:
+    """The pip command that downloads the released wheel, as ``released_wheel`` does."""
+    return (f"pip download --no-deps --only-binary=:all: --platform {PLATFORM} -d <folder>"
             f" {project}=={version}")  # fmt: skip
 
 
@@ -306,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wheel and not args.wheel.is_file():  # before the base is materialised
         raise SeriesError(f"WHEEL=: {hints.no_checkout(args.wheel, 'a file')}; it names the"
                           f" released wheel of {project} {version} ({project}-{version}-*.whl)"
-                          " you have; without WHEEL= it is downloaded from PyPI")  # fmt: skip
+                          " you have; without WHEEL= pip downloads it")  # fmt: skip
     patches = manifest.patch_paths()
     try:
         if args.wheel and not args.wheel.name.startswith(f"{project}-{version}-"):
@@ -314,18 +313,17 @@ def run(args: argparse.Namespace) -> int:
             raise DamagedWheel(f"{args.wheel} is named as a wheel of {named}, not {project}"
                                f" {version}, the base the series applies to")  # fmt: skip
         released = args.wheel or released_wheel(project, version, CACHE_DIR)
-        check_released(released, project, version)  # before the base is materialised
         repo, _commit, _sha = base_mod.materialise_pinned(manifest)
         dest = build(repo, base_mod.BASE_BRANCH, patches, released, manifest.version, OUT_DIR)
     except DamagedWheel as e:
         raise SeriesError(f"{e}\n{refetch(project, version, args.wheel)}") from None
     built = local_version(version, manifest.version, patches)
-    print(f"{dest}: {project} {built}, {project} {version} with the {len(patches)} patches"
-          f" of series {manifest.version}.  It installs as {project} {version} itself, pip"
-          f" resolving that release's own dependencies (where {project}=={version} is"
-          f" installed, only {project}'s files change; `--dry-run` shows what would):"
-          f"\n  pip install {shlex.quote(str(dest))}\nthen `pip show {project}` shows"
-          f" {built} and `pip check` no broken requirement.")  # fmt: skip
+    print(f"wrote {dest}: {project} {version} with the {len(patches)} patches of series"
+          f" {manifest.version}, version {built}.\nInstall it as {project} {version} itself:"
+          f" pip resolves that release's own dependencies (where {project}=={version} is"
+          f" installed, only {project}'s files change; `--dry-run` first shows what would):"
+          f"\n  pip install {shlex.quote(str(dest))}\nthen `pip show {project}` shows Version:"
+          f" {built}, and `pip check` no broken requirement.")  # fmt: skip
     return 0
 
 
