@@ -9,11 +9,14 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,23 +33,61 @@ LOCAL_LABEL = "instanttensor"
 PLATFORM = "manylinux_2_28_x86_64"  # the platform of the official vLLM image
 PACKAGE = "vllm/"  # what the wheel installs of the series' files
 ADDED_DATE = (2000, 1, 1, 0, 0, 0)  # zip date of files the series adds
+# What zipfile raises reading a damaged archive: a bad header, a cut or corrupt
+# stream, a compression method (NotImplementedError) or encryption flag
+# (RuntimeError) made up by a bad byte, a seek out of the file (OSError).
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, OSError)
 
 
-def local_version(version: str, series_version: str) -> str:
+def patches_digest(patches: Sequence[Path]) -> str:
+    """The first 12 hex digits of a sha256 over the patch files' sha256s, one a
+    line, in order (the sha256s ``patches/series.json`` records)."""
+    digest = hashlib.sha256()
+    for path in patches:
+        digest.update(f"{base_mod.sha256_of(path)}\n".encode())
+    return digest.hexdigest()[:12]
+
+
+def local_version(version: str, series_version: str, patches: Sequence[Path]) -> str:
+    """The patched wheel's version, ``<version>+instanttensor.v<N>.<digest>``: it
+    satisfies ``==<version>``, names the series version and, by the digest of
+    its patch files, the build (pip takes a wheel of the installed version as
+    installed, so another build must have another version)."""
     label = f"{LOCAL_LABEL}.v{series_version}".lower()
     if not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
         raise SeriesError(f"series version {series_version!r} makes no PEP 440 local version")
-    return f"{version}+{label}"
+    return f"{version}+{label}.{patches_digest(patches)}"
+
+
+class DamagedWheel(SeriesError):
+    """The released wheel is damaged or another one; ``run`` adds how to get it again."""
+
+
+def download_command(project: str, version: str) -> str:
+    """The pip command that downloads the released wheel, as ``released_wheel`` does."""
+    return (f"pip download --no-deps --only-binary=:all: --platform {PLATFORM} -d <folder>"
+            f" {project}=={version}")  # fmt: skip
+
+
+def record_of(wheel: Path) -> Path:
+    """Where the sha256 of a downloaded wheel is kept: beside it, as ``sha256sum`` writes it."""
+    return wheel.with_name(wheel.name + ".sha256")
 
 
 def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=print) -> Path:
-    """The released wheel of ``project==version`` for PLATFORM, downloaded once."""
+    """The released wheel of ``project==version`` for PLATFORM, downloaded once.
+
+    pip checks the download against the sha256 the index publishes; it is
+    recorded beside the wheel, and the cached wheel is checked against it at
+    each use."""
     pattern = f"{project}-{version}-*.whl"
     found = sorted(cache.glob(pattern))
     if found:
+        check_recorded(found[0])
         return found[0]
     cache.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {project}=={version}'s wheel from PyPI into {cache} (once; a few hundred MB)")
+    log(f"downloading {project}=={version}'s wheel from {pip_sources()} into {cache} (once; a"
+        " few hundred MB)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="download-", dir=cache) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--platform", PLATFORM, "--disable-pip-version-check", "--progress-bar=off",
@@ -55,11 +96,71 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
         got = sorted(Path(tmp).glob(pattern))
         if proc.returncode != 0 or len(got) != 1:
             detail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+            wanted = f"{project}-{version}-*-{PLATFORM}.whl"
+            links = os.environ.get("PIP_FIND_LINKS")
+            if links:
+                hint = f"PIP_FIND_LINKS={links} holds no {wanted}: put it there"
+            elif no_index():
+                hint = (f"PIP_NO_INDEX is set: pip reads only PIP_FIND_LINKS=<folder>, a folder"
+                        f" with {wanted}")  # fmt: skip
+            else:
+                hint = f"download {wanted} into {cache}"
             raise SeriesError(
-                f"pip found no {PLATFORM} wheel of {project}=={version}:\n  " + "\n  ".join(detail)
-                + f"\ndownload one into {cache}, or name it with WHEEL=<path>"
+                f"pip found no {PLATFORM} wheel of {project}=={version} in {pip_sources()}:\n  "
+                + "\n  ".join(detail) + f"\n{hint}, or name one with WHEEL=<path>"
             )  # fmt: skip
-        return Path(shutil.move(str(got[0]), cache / got[0].name))
+        dest = cache / got[0].name
+        # The record first: a wheel without one is refused, a record alone is unused.
+        record_of(dest).write_text(f"{base_mod.sha256_of(got[0])}  {dest.name}\n")
+        return Path(shutil.move(str(got[0]), dest))
+
+
+def no_index() -> bool:
+    """Whether PIP_NO_INDEX keeps pip off every index (pip's reading of a flag)."""
+    return os.environ.get("PIP_NO_INDEX", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def pip_sources() -> str:
+    """Where pip looks for a download, as its environment says (PyPI unless set)."""
+    index = "" if no_index() else os.environ.get("PIP_INDEX_URL") or "PyPI"
+    return " and ".join(filter(None, [index, os.environ.get("PIP_FIND_LINKS")])) or "no index"
+
+
+def check_recorded(wheel: Path) -> None:
+    """Refuse a cached wheel whose sha256 is not the one recorded when it was downloaded."""
+    record = record_of(wheel)
+    if not record.is_file():
+        raise DamagedWheel(f"{wheel} has no {record.name} beside it, the sha256 recorded when"
+                           " `make wheel` downloaded it: it cannot be checked")  # fmt: skip
+    recorded = record.read_text().split()[:1]
+    actual = base_mod.sha256_of(wheel)
+    if recorded != [actual]:
+        raise DamagedWheel(f"{wheel} has sha256 {actual}, not {''.join(recorded)}, the sha256"
+                           " recorded when it was downloaded: it is damaged")  # fmt: skip
+
+
+def check_released(released: Path, project: str, version: str) -> None:
+    """Refuse a file that is no complete and intact zip file (every member is
+    read, checking its CRC), or that holds another release than
+    ``project==version``, whatever its name says."""
+    try:
+        with zipfile.ZipFile(released) as zin:
+            bad = zin.testzip()
+            found = [n for n in zin.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+            metadata = zin.read(found[0]).decode(errors="replace") if len(found) == 1 else ""
+    except ZIP_ERRORS as e:
+        raise DamagedWheel(f"{released} is not a complete zip file ({e}): a truncated or"
+                           " damaged download") from None  # fmt: skip
+    if bad:
+        raise DamagedWheel(f"{released} is damaged: {bad} in it fails its CRC-32 check")
+    fields = dict(re.findall(r"(?m)^(Name|Version): *(.*?) *$", metadata.partition("\n\n")[0]))
+    held = (fields.get("Name", "").lower().replace("_", "-"), fields.get("Version"))
+    if not found or None in held:
+        raise DamagedWheel(f"{released} holds no single *.dist-info/METADATA naming a project"
+                           f" and version: it is no wheel of {project} {version}")  # fmt: skip
+    if held != (project, version):
+        raise DamagedWheel(f"{released} holds {held[0]} {held[1]} (its {found[0]}), not"
+                           f" {project} {version}, the base the series applies to")  # fmt: skip
 
 
 def blob(repo: Path, rev: str, path: str) -> bytes | None:
@@ -94,66 +195,75 @@ def set_version(metadata: bytes, version: str) -> bytes:
 def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: Path,
           series_version: str, out_dir: Path = OUT_DIR) -> Path:  # fmt: skip
     """Write the patched wheel into ``out_dir``, in place of any other wheel of the
-    project there; returns its path."""
+    project there; returns its path.  A damaged ``released`` or another release
+    raises ``DamagedWheel``, and ``out_dir`` stays as it was."""
     project, version, tags = released.name[: -len(".whl")].split("-", 2)
-    new_version = local_version(version, series_version)
+    check_released(released, project, version)
+    new_version = local_version(version, series_version, patches)
+    base_commit = g.rev(base_repo, base_branch)
+    series = series_files(base_repo, base_branch, patches)
+    dest = out_dir / f"{project}-{new_version}-{tags}.whl"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir.parent) as tmp:
+        partial = Path(tmp) / dest.name
+        with zipfile.ZipFile(released) as zin, zipfile.ZipFile(partial, "w") as zout:
+            rewrite(zin, zout, series, lambda path: blob(base_repo, base_commit, path),
+                    new_version)  # fmt: skip
+        out_dir.mkdir(exist_ok=True)
+        partial.replace(dest)
+    for older in set(out_dir.glob(f"{project}-*.whl")) - {dest}:
+        older.unlink()  # one wheel: `pip install work/wheel/vllm-*.whl` takes it
+    return dest
+
+
+def rewrite(zin: zipfile.ZipFile, zout: zipfile.ZipFile, series: dict, base_blob,
+            new_version: str) -> None:  # fmt: skip
+    """Copy the released wheel ``zin`` into ``zout`` with the ``series`` files
+    and ``new_version``; ``base_blob(path)``: the base's content of a path."""
+    project, version = Path(zin.filename).name.split("-")[:2]
+    released = Path(zin.filename)
     info_dir = f"{project}-{version}.dist-info/"
     renames = {f"{project}-{version}.{kind}/": f"{project}-{new_version}.{kind}/"
                for kind in ("dist-info", "data")}  # fmt: skip
-    base_commit = g.rev(base_repo, base_branch)
-    series = series_files(base_repo, base_branch, patches)
-    with zipfile.ZipFile(released) as zin:
-        names = set(zin.namelist())
-        if not {f"{info_dir}METADATA", f"{info_dir}RECORD"} <= names:
-            raise SeriesError(f"{released} has no {info_dir}METADATA and RECORD: not a wheel")
-        for path in sorted(series):  # nothing is written before every file matches
-            have = zin.read(path) if path in names else None
-            want = blob(base_repo, base_commit, path)
-            if have != want:
-                how = ("is missing, unlike in" if have is None
-                       else "is in it, not in" if want is None else "differs from")  # fmt: skip
-                raise SeriesError(
-                    f"{path} in {released.name} {how} the base {project} {version} the series"
-                    f" applies to: refusing to build (is {released} the released wheel of"
-                    f" {project}=={version}?)"
-                )  # fmt: skip
-        record = csv.reader(io.StringIO(zin.read(f"{info_dir}RECORD").decode()))
-        hashes = {row[0]: row[1] for row in record if row}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        dest = out_dir / f"{project}-{new_version}-{tags}.whl"
-        partial = dest.with_name(dest.name + ".partial")
-        try:
-            with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zout:
-                rows = []
-                for info in zin.infolist():
-                    name = info.filename
-                    if name.startswith(f"{info_dir}RECORD") or series.get(name, b"") is None:
-                        continue  # rewritten below (a signature would not hold), or deleted
-                    old = next((o for o in renames if name.startswith(o)), None)
-                    new = member(renames[old] + name[len(old) :] if old else name, info)
-                    if name in series:
-                        rows.append(write(zout, new, [series[name]]))
-                    elif name == f"{info_dir}METADATA":
-                        rows.append(write(zout, new, [set_version(zin.read(name), new_version)]))
-                    else:
-                        with zin.open(info) as src:
-                            rows.append(write(zout, new, iter(lambda: src.read(1 << 20), b"")))
-                        if hashes.get(name, rows[-1][1]) not in ("", rows[-1][1]):
-                            raise SeriesError(f"{name} in {released} does not match its"
-                                              " RECORD: a damaged download; delete it")  # fmt: skip
-                for path in sorted(p for p in series if p not in names):  # what the series adds
-                    rows.append(write(zout, member(path), [series[path]]))
-                rows.append((renames[info_dir] + "RECORD", "", ""))
-                text = io.StringIO()
-                csv.writer(text, lineterminator="\n").writerows(rows)
-                record = member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD"))
-                zout.writestr(record, text.getvalue())
-            partial.replace(dest)
-            for older in set(out_dir.glob(f"{project}-*.whl")) - {dest}:
-                older.unlink()  # one wheel: `pip install work/wheel/vllm-*.whl` takes it
-        finally:
-            partial.unlink(missing_ok=True)
-    return dest
+    names = set(zin.namelist())
+    if f"{info_dir}RECORD" not in names:
+        raise DamagedWheel(f"{released} has no {info_dir}RECORD: it is no wheel")
+    for path in sorted(series):  # nothing is written before every file matches
+        have = zin.read(path) if path in names else None
+        want = base_blob(path)
+        if have != want:
+            how = ("is missing, unlike in" if have is None
+                   else "is in it, not in" if want is None else "differs from")  # fmt: skip
+            raise DamagedWheel(
+                f"{path} in {released.name} {how} the base {project} {version} the series"
+                f" applies to: refusing to build (is {released} the released wheel of"
+                f" {project}=={version}?)"
+            )  # fmt: skip
+    record = csv.reader(io.StringIO(zin.read(f"{info_dir}RECORD").decode()))
+    hashes = {row[0]: row[1] for row in record if row}
+    rows = []
+    for info in zin.infolist():
+        name = info.filename
+        if name.startswith(f"{info_dir}RECORD") or series.get(name, b"") is None:
+            continue  # rewritten below (a signature would not hold), or deleted
+        old = next((o for o in renames if name.startswith(o)), None)
+        new = member(renames[old] + name[len(old) :] if old else name, info)
+        if name in series:
+            rows.append(write(zout, new, [series[name]]))
+        elif name == f"{info_dir}METADATA":
+            rows.append(write(zout, new, [set_version(zin.read(name), new_version)]))
+        else:
+            with zin.open(info) as src:
+                rows.append(write(zout, new, iter(lambda: src.read(1 << 20), b"")))
+            if hashes.get(name, rows[-1][1]) not in ("", rows[-1][1]):
+                raise DamagedWheel(f"{name} in {released} does not match its RECORD: the"
+                                   " file is damaged")  # fmt: skip
+    for path in sorted(p for p in series if p not in names):  # what the series adds
+        rows.append(write(zout, member(path), [series[path]]))
+    rows.append((renames[info_dir] + "RECORD", "", ""))
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(rows)
+    zout.writestr(member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD")), text.getvalue())
 
 
 def member(name: str, like: zipfile.ZipInfo | None = None) -> zipfile.ZipInfo:
@@ -176,22 +286,44 @@ def write(zout: zipfile.ZipFile, info: zipfile.ZipInfo, chunks) -> tuple[str, st
     return info.filename, f"sha256={encoded}", str(size)
 
 
+def refetch(project: str, version: str, given: Path | None) -> str:
+    """How to get the released wheel again, in place of the one given (WHEEL=)
+    or cached that is damaged or another."""
+    make = hints.make("wheel")
+    if given:
+        return (f"get the released wheel of {project}=={version}"
+                f" (`{download_command(project, version)}`: pip checks it against the"
+                f" index's sha256), or leave WHEEL= out: `{make}` downloads it")  # fmt: skip
+    cached = sorted(CACHE_DIR.glob(f"{project}-{version}-*.whl"))
+    paths = " ".join(shlex.quote(str(p)) for w in cached for p in (w, record_of(w)))
+    return f"delete it (`rm -f {paths}`) and run `{make}` again: it downloads the wheel again"
+
+
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
     project, version = manifest.base.project, manifest.base.version
     if args.wheel and not args.wheel.is_file():  # before the base is materialised
         raise SeriesError(f"WHEEL=: {hints.no_checkout(args.wheel, 'a file')}; it names the"
                           f" released wheel of {project} {version} ({project}-{version}-*.whl)"
-                          " you have; without WHEEL= it is downloaded from PyPI")  # fmt: skip
-    repo, _commit, _sha = base_mod.materialise_pinned(manifest)
-    released = args.wheel or released_wheel(project, version)
-    if not released.name.startswith(f"{project}-{version}-"):
-        raise SeriesError(f"{released.name} is not a wheel of {project} {version}, the base")
+                          " you have; without WHEEL= pip downloads it")  # fmt: skip
     patches = manifest.patch_paths()
-    dest = build(repo, base_mod.BASE_BRANCH, patches, released, manifest.version)
-    print(f"{dest}: {project} {version} with the {len(patches)} patches of series"
-          f" {manifest.version}; install it where {project}=={version} is, keeping its"
-          f" dependencies:\n  pip install --no-deps {dest}")  # fmt: skip
+    try:
+        if args.wheel and not args.wheel.name.startswith(f"{project}-{version}-"):
+            named = " ".join(args.wheel.name.split("-")[:2])
+            raise DamagedWheel(f"{args.wheel} is named as a wheel of {named}, not {project}"
+                               f" {version}, the base the series applies to")  # fmt: skip
+        released = args.wheel or released_wheel(project, version, CACHE_DIR)
+        repo, _commit, _sha = base_mod.materialise_pinned(manifest)
+        dest = build(repo, base_mod.BASE_BRANCH, patches, released, manifest.version, OUT_DIR)
+    except DamagedWheel as e:
+        raise SeriesError(f"{e}\n{refetch(project, version, args.wheel)}") from None
+    built = local_version(version, manifest.version, patches)
+    print(f"wrote {dest}: {project} {version} with the {len(patches)} patches of series"
+          f" {manifest.version}, version {built}.\nInstall it as {project} {version} itself:"
+          f" pip resolves that release's own dependencies (where {project}=={version} is"
+          f" installed, only {project}'s files change; `--dry-run` first shows what would):"
+          f"\n  pip install {shlex.quote(str(dest))}\nthen `pip show {project}` shows Version:"
+          f" {built}, and `pip check` no broken requirement.")  # fmt: skip
     return 0
 
 

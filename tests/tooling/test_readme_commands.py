@@ -13,21 +13,22 @@ from conftest import ROOT
 # Lines that are not make commands, each with why no test runs it here.
 BY_HAND = {
     "vllm serve": "GPU-only: serving a model",
-    "INSTANTTENSOR_COPY=0": "GPU-only: serving a model",
     "git rebase --exec": "re-signing in the user's checkout, with the user's identity",
     "git -C work/vllm commit": "editing the series branch: the user's own commit",
     "git -C work/rebase/": "resolving a rebase conflict by hand",
     "git add patches SERIES.md": "committing the rebased series in this repository",
     "git commit -m": "committing the rebased series in this repository",
-    "--model-loader-extra-config": "continuation of a vllm serve line",
+    "python3 -c 'import json,struct": "a checkpoint's largest tensors: test_wheel.py runs it",
     # The quick start: test_the_quick_start_installs_what_make_wheel_writes.
-    "pip install --no-deps work/wheel/": "installing the patched wheel where vLLM is",
-    "python3 -m venv ~/vllm-it": "a fresh environment for vLLM",
-    "~/vllm-it/bin/pip install": "installing vLLM, then the patched wheel over it",
+    "pip install --dry-run work/wheel/": "what installing the patched wheel would change",
+    "pip install work/wheel/": "installing the patched wheel where vLLM is",
+    "pip show vllm": "checking the installed vLLM",
+    "pip check": "checking the installed vLLM's dependencies",
     "docker build -t vllm-instanttensor": "the container recipe",
     "FROM vllm/vllm-openai:": "the container recipe's Dockerfile",
     "COPY vllm-*.whl": "the container recipe's Dockerfile",
-    "RUN python3 -m pip install --no-deps": "the container recipe's Dockerfile",
+    "RUN python3 -m pip install": "the container recipe's Dockerfile",
+    "python3 -m pip check": "the container recipe's Dockerfile",
     "EOF": "the container recipe's Dockerfile",
     "docker run --gpus all": "GPU-only: serving a model",
     # The GPU qualification, on the user's own GPU machine.
@@ -92,19 +93,22 @@ def test_the_quick_start_installs_what_make_wheel_writes():
     quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     manifest = manifest_mod.load()
     version = manifest.base.version
-    built = f"vllm-{wheel.local_version(version, manifest.version)}-cp38-abi3-{wheel.PLATFORM}.whl"
+    built = wheel.local_version(version, manifest.version, manifest.patch_paths())
+    built = f"vllm-{built}-cp38-abi3-{wheel.PLATFORM}.whl"
     assert wheel.OUT_DIR == ROOT / "work" / "wheel"
     installs = re.findall(r"pip install (.*)", quick)
-    wheels = [w for line in installs for w in line.split() if w.endswith(".whl")]
-    assert len(wheels) == 3
+    words = [w.strip("`().,;") for line in installs for w in line.split()]
+    wheels = [w for w in words if w.endswith(".whl")]
+    assert len(wheels) == 4
     for path in wheels:  # as the recipe runs it: from this folder, or in work/wheel
         assert fnmatch.fnmatch(f"work/wheel/{built}", path) or fnmatch.fnmatch(
             f"/tmp/{built}", path
         )
-    assert all("--no-deps" in line for line in installs if ".whl" in line)
-    assert f"pip install vllm=={version}\n" in quick
+    # Installed as the release itself, with its dependencies: never --no-deps.
+    assert not [line for line in installs if ".whl" in line and "--no-deps" in line]
+    assert f"--force-reinstall --no-deps vllm=={version}`" in " ".join(quick.split())
     assert f"FROM vllm/vllm-openai:v{version}\n" in quick and "-f - work/wheel <<'EOF'" in quick
-    assert f"`{version}+{wheel.LOCAL_LABEL}.v<N>`" in quick
+    assert f"`{version}+{wheel.LOCAL_LABEL}.v<N>.<hash>`" in quick
     # Every option the README names is one the patches define.
     patches = "".join(p.read_text() for p in (ROOT / "patches").glob("*.patch"))
     for key in set(re.findall(r"\b(instanttensor_[a-z_]+|INSTANTTENSOR_[A-Z_]+)", text)):
