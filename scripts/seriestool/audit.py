@@ -132,9 +132,6 @@ class Report:
             "seconds": round(self.seconds, 3),
         }
 
-    def to_text(self) -> str:
-        return _render_text(self)
-
 
 def audit(
     repo: Path,
@@ -651,21 +648,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, accepts=None)
 
 
-def refuse_inconsistent_series(
-    manifest: manifest_mod.Manifest, manifest_path: Path, patch_dir: Path
-) -> None:
-    """Refuse patch files that are not the manifest's series: the audit rebuilds
-    the series from them, and would pass a branch against an edited one."""
-    found = check_manifest.problems(manifest, patch_dir)
-    if found:
-        raise SeriesError(
-            f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
-            " trustworthy series to audit against:\n  "
-            + "\n  ".join(found)
-            + f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again"
-        )
-
-
 def run(args: argparse.Namespace) -> int:
     """The ``check`` command: print the report, return 0, 1 or 2 (see module doc)."""
     try:
@@ -675,7 +657,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     except SeriesError as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
+    print(json.dumps(report.to_dict(), indent=2) if args.json else _render_text(report))
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
@@ -688,7 +670,15 @@ def _run(args: argparse.Namespace) -> Report:
     manifest_path = args.manifest or (patch_dir or manifest_mod.PATCH_DIR) / "series.json"
     patch_dir = patch_dir or manifest_mod.PATCH_DIR
     manifest = manifest_mod.load(manifest_path)
-    refuse_inconsistent_series(manifest, manifest_path, patch_dir)
+    # The audit rebuilds the series from the patch files: ones that are not the
+    # manifest's series would pass a branch against an edited series.
+    if found := check_manifest.problems(manifest, patch_dir):
+        raise SeriesError(
+            f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
+            " trustworthy series to audit against:\n  "
+            + "\n  ".join(found)
+            + f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again"
+        )
     repo = args.vllm or base_mod.WORK_DIR / "vllm"
     if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
         args.base = default_base(repo, manifest.base)

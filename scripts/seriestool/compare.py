@@ -169,9 +169,6 @@ class Comparison:
             "draft": self.draft(),
         }
 
-    def to_text(self, draft_path: Path | None = None) -> str:
-        return _render_text(self, draft_path)
-
 
 def compare(
     repo: Path,
@@ -583,7 +580,7 @@ def run(args: argparse.Namespace) -> int:
     except (SeriesError, OSError) as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
     print(json.dumps(comparison.to_dict(), indent=2) if args.json
-          else comparison.to_text(args.draft))  # fmt: skip
+          else _render_text(comparison, args.draft))  # fmt: skip
     return EXIT_OK
 
 

@@ -92,11 +92,6 @@ def in_overlay(path: str) -> bool:
     return in_tree(path) or path.startswith("tests/")
 
 
-def _tracked_files(checkout: Path) -> list[str]:
-    listing = g.out(checkout, "ls-files", "-z")
-    return sorted(p for p in listing.split("\0") if p)
-
-
 def write_archive(root: Path, paths: Iterable[str], dest: Path) -> int:
     """Write ``paths`` (relative to ``root``) as a deterministic tar.xz (sorted,
     owned by root, dated ARCHIVE_MTIME, mode 644 or 755); returns their number."""
@@ -185,7 +180,8 @@ def build_trees(
     keys = ("series_tests", "tests_not_run", "negative_controls", "negative_controls_missing")
     result: dict = {"trees": {}, **{key: [] for key in keys}}
 
-    with tempfile.TemporaryDirectory(prefix="device-", dir=_scratch_root()) as tmp_name:
+    (CACHE_DIR / "scratch").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="device-", dir=CACHE_DIR / "scratch") as tmp_name:
         tmp = Path(tmp_name)
         checkouts: dict[str, Path] = {}
 
@@ -199,7 +195,7 @@ def build_trees(
 
         def pack_base(dest: Path) -> dict:
             co = checkout("base", [])
-            files = [p for p in _tracked_files(co) if in_tree(p)]
+            files = [p for p in g.out(co, "ls-files", "-z").split("\0") if in_tree(p)]
             return {"files": write_archive(co, files, dest)}
 
         archive, meta = _cached(base_commit[:16], "base", pack_base, log)
@@ -270,12 +266,6 @@ def build_trees(
                 {"tree": name, "test": test, "without_patch": without.name, "expect": "fail"}
             )
     return result
-
-
-def _scratch_root() -> Path:
-    root = CACHE_DIR / "scratch"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 # --- wheels ------------------------------------------------------------------
