@@ -64,16 +64,13 @@ def subject_of_file(path: Path) -> str:
 
 
 def commit_patch_ids(
-    repo: Path, rev_range: str, paths: Sequence[str] = (), max_count: int | None = None
+    repo: Path, rev_range: str, paths: Sequence[str] = ()
 ) -> list[tuple[str, str]]:
     """(commit, stable patch ID) for each non-merge commit of ``rev_range``, oldest
     first, by one ``git log -p | git patch-id`` pipeline; with ``paths``, diffs
-    on them only; ``max_count``: the newest ones only."""
+    on them only."""
     args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff", "--no-textconv",
-            "--format=commit %H"]  # fmt: skip
-    if max_count is not None:
-        args.append(f"--max-count={max_count}")
-    args.append(rev_range)
+            "--format=commit %H", rev_range]  # fmt: skip
     if paths:
         args += ["--", *paths]
     return patch_ids_of_log(repo, g.git(repo, *args, text=False).stdout)
@@ -122,19 +119,16 @@ def _numstat_paths(cwd: Path, git_dir: list[str], patch: Path) -> list[str]:
 def am(
     repo: Path,
     patches: Sequence[Path],
-    three_way: bool = True,
     env: dict[str, str] | None = None,
     hooks: Path | None = None,
 ) -> None:
-    """``git am [--3way]`` the patches onto HEAD of ``repo``, every option a setting
+    """``git am --3way`` the patches onto HEAD of ``repo``, every option a setting
     could change given; hooks off but ``hooks`` (the tool's own); committer:
     ``env``'s, else ``git.SCRATCH_COMMITTER`` (a checkout of the user's gets
     ``git.user_identity``).  A failure leaves the am session to the caller."""
     # --keep-non-patch: strip only "[PATCH]", keep "[Model Loader]"-style tags.
-    args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors",
+    args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors", "--3way",
             "--no-message-id", "--no-gpg-sign", "--no-signoff", "--whitespace=nowarn"]  # fmt: skip
-    if three_way:
-        args.append("--3way")
     if hooks is not None:
         args = ["-c", f"core.hooksPath={hooks}", *args]
     if not (env and "GIT_COMMITTER_NAME" in env):
