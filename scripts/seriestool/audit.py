@@ -549,14 +549,10 @@ class _AcceptAction(argparse.Action):
         namespace.accepts = pending
 
 
-def _short(commit: str) -> str:
-    return commit[:12]
-
-
 def _render_text(report: Report) -> str:
     lines = [
-        f"Audit of {report.consolidated_ref} ({_short(report.consolidated)}) against"
-        f" {len(report.patches)} series patches on base {_short(report.base)}",
+        f"Audit of {report.consolidated_ref} ({report.consolidated[:12]}) against"
+        f" {len(report.patches)} series patches on base {report.base[:12]}",
         f"repository: {report.repo}",
         f"series-owned paths: {len(report.series_paths)}; consolidated commits touching"
         f" them: {report.consolidated_commits}",
@@ -566,7 +562,7 @@ def _render_text(report: Report) -> str:
     for p in report.patches:
         status = p.status + (" (accepted)" if p.accepted is not None else "")
         subject = p.subject if len(p.subject) <= 48 else p.subject[:45] + "..."
-        rows.append([p.file, subject, status, ", ".join(map(_short, p.commits)), p.note])
+        rows.append([p.file, subject, status, ", ".join(c[:12] for c in p.commits), p.note])
     headers = ("patch", "subject", "status", "consolidated", "note")
     lines += (
         table(headers, rows, rule=False).splitlines()
@@ -578,7 +574,7 @@ def _render_text(report: Report) -> str:
         lines += ["", "Extra commits (touch series-owned files, no series counterpart):"]
         for e in report.extra:
             acc = f"  (accepted: {e.accepted})" if e.accepted is not None else ""
-            lines.append(f"  {_short(e.commit)}  {e.subject}  [{', '.join(e.paths)}]{acc}")
+            lines.append(f"  {e.commit[:12]}  {e.subject}  [{', '.join(e.paths)}]{acc}")
 
     differ = [f for f in report.files if not f.equal]
     verdict = (
@@ -603,7 +599,7 @@ def _render_text(report: Report) -> str:
 
     for p in report.patches:
         if p.range_diff is not None:
-            lines += ["", f"range-diff {p.file} -> {_short(p.commits[0])}:", p.range_diff]
+            lines += ["", f"range-diff {p.file} -> {p.commits[0][:12]}:", p.range_diff]
     for f in differ:
         lines += [
             "",

@@ -20,12 +20,6 @@ Entry = tuple[str, str]
 Image = dict[str, tuple[Entry | None, Entry | None]]
 
 
-def patch_id_of_text(diff_text: str | bytes, cwd: Path) -> str | None:
-    """Stable patch ID of one patch (format-patch file or diff text)."""
-    output = g.out(cwd, "patch-id", "--verbatim", input=diff_text)
-    return output.split()[0] if output else None
-
-
 # What git reads from a patch file depends only on its bytes: asked once per
 # process (check-manifest, then the command itself, read the same files).
 _patch_ids: dict[str, str] = {}
@@ -36,10 +30,10 @@ def patch_id_of_file(path: Path) -> str:
     """Stable patch ID of a format-patch file."""
     key = sha256_of_file(path)
     if key not in _patch_ids:
-        pid = patch_id_of_text(path.read_bytes(), path.parent)
-        if pid is None:
+        output = g.out(path.parent, "patch-id", "--verbatim", input=path.read_bytes())
+        if not output:
             raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
-        _patch_ids[key] = pid
+        _patch_ids[key] = output.split()[0]
     return _patch_ids[key]
 
 
