@@ -274,15 +274,12 @@ def _find_combined(
         return
     ids = _span_ids(scratch, {(a, b): (series_commits[b], series_commits[a - 1] if a else base)
                               for a, b in spans}, pathspecs)  # fmt: skip
-    by_id: dict[str, list[str]] = {}
-    for commit, pid in unclaimed.items():
-        by_id.setdefault(pid, []).append(commit)
     for first, last in sorted(spans, key=lambda s: (s[0] - s[1], s[0])):
         members = results[first : last + 1]
         if any(r.status != MISSING for r in members):
             continue
         pid = ids.get((first, last))
-        candidates = [c for c in by_id.get(pid or "", []) if c in unclaimed]
+        candidates = [c for c, cid in unclaimed.items() if pid and cid == pid]
         if not candidates:
             continue
         commit = candidates[0]
