@@ -254,10 +254,8 @@ def _find_combined(
     unclaimed: dict[str, str],
     pathspecs: list[str],
 ) -> None:
-    """Mark runs of consecutive unmatched patches squashed into one commit: a
-    synthetic commit of the tree of patch j on the parent of patch i carries
-    their combined diff, whose patch ID an unclaimed commit may have (longest
-    runs first, so a squash of three is not reported as two)."""
+    """Mark runs of consecutive unmatched patches squashed into one commit (docs/audit.md),
+    longest runs first, so a squash of three is not reported as two."""
     if not unclaimed:
         return
     unmatched = [i for i, r in enumerate(results) if r.status == MISSING and r.patch_id]
@@ -298,10 +296,8 @@ def _find_split(
     unclaimed: dict[str, str],
     pathspecs: list[str],
 ) -> None:
-    """Mark a still unmatched patch split into consecutive unclaimed commits (2
-    to ``SPLIT_MAX``): a synthetic commit of the last one's tree on the first
-    one's parent carries their combined diff on the series' paths, whose patch
-    ID the patch may have."""
+    """Mark a still unmatched patch split into 2 to ``SPLIT_MAX`` consecutive
+    unclaimed commits (docs/audit.md)."""
     wanted = {r.patch_id: r for r in results if r.status == MISSING and r.patch_id}
     n = len(cons_order)
     spans = [(i, j) for i in range(n) for j in range(i + 1, min(i + SPLIT_MAX, n))
@@ -339,9 +335,8 @@ def _pair_with_range_diff(
     cons_known: set[str],
     creation_factor: int | None,
 ) -> None:
-    """Pair still-missing patches with unclaimed commits as ``git range-diff`` of
-    both histories, on the series paths only (the commits touching them, their
-    diffs there), pairs them."""
+    """Pair still-missing patches with unclaimed commits by ``git range-diff`` of
+    both histories on the series paths (docs/audit.md)."""
     tips = [g.out(scratch, "rev-parse", ref) for ref in (_SERIES_REF, _CONSOLIDATED_REF)]
     text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
                                 [f":(literal){p}" for p in paths])  # fmt: skip
