@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import email.header
 import email.parser
-import hashlib
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import git as g
+from .base import sha256_of as sha256_of_file  # every byte counts, unlike in a patch ID
 from .errors import SeriesError
 
 # A file as a tree holds it: (mode, blob id); a patch's view of one file:
@@ -35,12 +35,6 @@ def patch_id_of_file(path: Path) -> str:
             raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
         _patch_ids[key] = output.split()[0]
     return _patch_ids[key]
-
-
-def sha256_of_file(path: Path) -> str:
-    """Hex sha256 of a patch file's bytes: every byte counts (author, message,
-    line numbers), unlike the stable patch ID."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def subject_of_file(path: Path) -> str:
