@@ -327,8 +327,7 @@ def check_wheels(paths: Sequence[Path]) -> None:
         if name in seen:
             raise SeriesError(f"two versions of {name}: {seen[name]} and {version}")
         seen[name] = version
-        tags = path.name[: -len(".whl")].split("-")[-3:]
-        python, abi, platform = tags
+        python, _abi, platform = path.name[: -len(".whl")].split("-")[-3:]
         if not (platform == "any" or "x86_64" in platform):
             raise SeriesError(f"{path.name} is not for x86_64")
         if not any(t in ("py3", "cp312") or t.startswith("cp3") for t in python.split(".")):
@@ -380,13 +379,9 @@ def build_bundle(
         "mode": "series" if manifest.patches else "base-only",
         **trees,
         "wheels": [
-            {
-                "file": w.name,
-                "name": wheel_name_version(w.name)[0],
-                "version": wheel_name_version(w.name)[1],
-                "sha256": base_mod.sha256_of(w),
-            }
+            {"file": w.name, "name": name, "version": version, "sha256": base_mod.sha256_of(w)}
             for w in wheels
+            for name, version in [wheel_name_version(w.name)]
         ],
         "image": {"python": "3.12", "torch": "2.11"},
     }
