@@ -235,7 +235,12 @@ def _compare_in(
     if scratch is None:  # both series are empty
         return Comparison(old, new, "", [])
 
-    text = _range_diff(scratch, old, new)
+    # range-diff of the two applied ranges; an empty side is an empty range.
+    old_base, new_base = old.base or new.base, new.base or old.base
+    assert old_base is not None and new_base is not None
+    old_tip = old.patches[-1].commit if old.patches else old_base
+    new_tip = new.patches[-1].commit if new.patches else new_base
+    text = rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
     changes = _pair(scratch, old, new, text)
     notes = _pair_recorded(scratch, old, new, changes)
     # "previous" names the patches of the version just before the newer one:
@@ -286,16 +291,6 @@ def _base_commit(
             f" {e}{how}"
         ) from None
     return repo, commit
-
-
-def _range_diff(scratch: Path, old: Side, new: Side) -> str:
-    """range-diff of the two applied ranges; an empty side is an empty range."""
-    old_base = old.base or new.base
-    new_base = new.base or old.base
-    assert old_base is not None and new_base is not None
-    old_tip = old.patches[-1].commit if old.patches else old_base
-    new_tip = new.patches[-1].commit if new.patches else new_base
-    return rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
 
 
 def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
