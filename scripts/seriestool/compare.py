@@ -558,15 +558,14 @@ def _bases_line(old: Side, new: Side) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The ``compare`` command: print the report; 0, or 2 when it could not run."""
+    repo = args.repo or manifest_mod.ROOT
     try:
         if not args.from_spec:
-            repo = args.repo or manifest_mod.ROOT
             example = hints.make("compare", FROM="1")
             raise SeriesError(f"FROM= names the older side, e.g. `{example}`; "
                               + versions.what_exists(repo))  # fmt: skip
         with interrupts.deferred():
-            comparison = compare(args.repo or manifest_mod.ROOT, args.from_spec, args.to_spec,
-                                 args.vllm)  # fmt: skip
+            comparison = compare(repo, args.from_spec, args.to_spec, args.vllm)
             if args.draft:
                 args.draft.write_text(comparison.draft(), encoding="utf-8",
                                       errors="surrogateescape")  # fmt: skip
