@@ -132,9 +132,6 @@ class Report:
             "seconds": round(self.seconds, 3),
         }
 
-    def to_text(self) -> str:
-        return _render_text(self)
-
 
 def audit(
     repo: Path,
@@ -257,10 +254,8 @@ def _find_combined(
     unclaimed: dict[str, str],
     pathspecs: list[str],
 ) -> None:
-    """Mark runs of consecutive unmatched patches squashed into one commit: a
-    synthetic commit of the tree of patch j on the parent of patch i carries
-    their combined diff, whose patch ID an unclaimed commit may have (longest
-    runs first, so a squash of three is not reported as two)."""
+    """Mark runs of consecutive unmatched patches squashed into one commit (docs/audit.md),
+    longest runs first, so a squash of three is not reported as two."""
     if not unclaimed:
         return
     unmatched = [i for i, r in enumerate(results) if r.status == MISSING and r.patch_id]
@@ -277,15 +272,12 @@ def _find_combined(
         return
     ids = _span_ids(scratch, {(a, b): (series_commits[b], series_commits[a - 1] if a else base)
                               for a, b in spans}, pathspecs)  # fmt: skip
-    by_id: dict[str, list[str]] = {}
-    for commit, pid in unclaimed.items():
-        by_id.setdefault(pid, []).append(commit)
     for first, last in sorted(spans, key=lambda s: (s[0] - s[1], s[0])):
         members = results[first : last + 1]
         if any(r.status != MISSING for r in members):
             continue
         pid = ids.get((first, last))
-        candidates = [c for c in by_id.get(pid or "", []) if c in unclaimed]
+        candidates = [c for c, cid in unclaimed.items() if pid and cid == pid]
         if not candidates:
             continue
         commit = candidates[0]
@@ -304,10 +296,8 @@ def _find_split(
     unclaimed: dict[str, str],
     pathspecs: list[str],
 ) -> None:
-    """Mark a still unmatched patch split into consecutive unclaimed commits (2
-    to ``SPLIT_MAX``): a synthetic commit of the last one's tree on the first
-    one's parent carries their combined diff on the series' paths, whose patch
-    ID the patch may have."""
+    """Mark a still unmatched patch split into 2 to ``SPLIT_MAX`` consecutive
+    unclaimed commits (docs/audit.md)."""
     wanted = {r.patch_id: r for r in results if r.status == MISSING and r.patch_id}
     n = len(cons_order)
     spans = [(i, j) for i in range(n) for j in range(i + 1, min(i + SPLIT_MAX, n))
@@ -345,9 +335,8 @@ def _pair_with_range_diff(
     cons_known: set[str],
     creation_factor: int | None,
 ) -> None:
-    """Pair still-missing patches with unclaimed commits as ``git range-diff`` of
-    both histories, on the series paths only (the commits touching them, their
-    diffs there), pairs them."""
+    """Pair still-missing patches with unclaimed commits by ``git range-diff`` of
+    both histories on the series paths (docs/audit.md)."""
     tips = [g.out(scratch, "rev-parse", ref) for ref in (_SERIES_REF, _CONSOLIDATED_REF)]
     text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
                                 [f":(literal){p}" for p in paths])  # fmt: skip
@@ -552,14 +541,10 @@ class _AcceptAction(argparse.Action):
         namespace.accepts = pending
 
 
-def _short(commit: str) -> str:
-    return commit[:12]
-
-
 def _render_text(report: Report) -> str:
     lines = [
-        f"Audit of {report.consolidated_ref} ({_short(report.consolidated)}) against"
-        f" {len(report.patches)} series patches on base {_short(report.base)}",
+        f"Audit of {report.consolidated_ref} ({report.consolidated[:12]}) against"
+        f" {len(report.patches)} series patches on base {report.base[:12]}",
         f"repository: {report.repo}",
         f"series-owned paths: {len(report.series_paths)}; consolidated commits touching"
         f" them: {report.consolidated_commits}",
@@ -569,7 +554,7 @@ def _render_text(report: Report) -> str:
     for p in report.patches:
         status = p.status + (" (accepted)" if p.accepted is not None else "")
         subject = p.subject if len(p.subject) <= 48 else p.subject[:45] + "..."
-        rows.append([p.file, subject, status, ", ".join(map(_short, p.commits)), p.note])
+        rows.append([p.file, subject, status, ", ".join(c[:12] for c in p.commits), p.note])
     headers = ("patch", "subject", "status", "consolidated", "note")
     lines += (
         table(headers, rows, rule=False).splitlines()
@@ -581,7 +566,7 @@ def _render_text(report: Report) -> str:
         lines += ["", "Extra commits (touch series-owned files, no series counterpart):"]
         for e in report.extra:
             acc = f"  (accepted: {e.accepted})" if e.accepted is not None else ""
-            lines.append(f"  {_short(e.commit)}  {e.subject}  [{', '.join(e.paths)}]{acc}")
+            lines.append(f"  {e.commit[:12]}  {e.subject}  [{', '.join(e.paths)}]{acc}")
 
     differ = [f for f in report.files if not f.equal]
     verdict = (
@@ -606,7 +591,7 @@ def _render_text(report: Report) -> str:
 
     for p in report.patches:
         if p.range_diff is not None:
-            lines += ["", f"range-diff {p.file} -> {_short(p.commits[0])}:", p.range_diff]
+            lines += ["", f"range-diff {p.file} -> {p.commits[0][:12]}:", p.range_diff]
     for f in differ:
         lines += [
             "",
@@ -651,21 +636,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, accepts=None)
 
 
-def refuse_inconsistent_series(
-    manifest: manifest_mod.Manifest, manifest_path: Path, patch_dir: Path
-) -> None:
-    """Refuse patch files that are not the manifest's series: the audit rebuilds
-    the series from them, and would pass a branch against an edited one."""
-    found = check_manifest.problems(manifest, patch_dir)
-    if found:
-        raise SeriesError(
-            f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
-            " trustworthy series to audit against:\n  "
-            + "\n  ".join(found)
-            + f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again"
-        )
-
-
 def run(args: argparse.Namespace) -> int:
     """The ``check`` command: print the report, return 0, 1 or 2 (see module doc)."""
     try:
@@ -675,7 +645,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     except SeriesError as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
+    print(json.dumps(report.to_dict(), indent=2) if args.json else _render_text(report))
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
@@ -688,7 +658,15 @@ def _run(args: argparse.Namespace) -> Report:
     manifest_path = args.manifest or (patch_dir or manifest_mod.PATCH_DIR) / "series.json"
     patch_dir = patch_dir or manifest_mod.PATCH_DIR
     manifest = manifest_mod.load(manifest_path)
-    refuse_inconsistent_series(manifest, manifest_path, patch_dir)
+    # The audit rebuilds the series from the patch files: ones that are not the
+    # manifest's series would pass a branch against an edited series.
+    if found := check_manifest.problems(manifest, patch_dir):
+        raise SeriesError(
+            f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
+            " trustworthy series to audit against:\n  "
+            + "\n  ".join(found)
+            + f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again"
+        )
     repo = args.vllm or base_mod.WORK_DIR / "vllm"
     if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
         args.base = default_base(repo, manifest.base)

@@ -26,14 +26,14 @@ def draft(comparison) -> str:
     """The Markdown section, ending with a newline."""
     old, new = comparison.old, comparison.new
     ov = old.state.version
+    where = "the working tree" if old.state.commit is None else f"commit {old.state.commit[:12]}"
     command = f"make compare FROM={old.state.spec}"
     if new.state.commit is not None:
         command += f" TO={new.state.spec}"
     lines = [
         f"## Changes in v{new.state.version}",
         "",
-        f"Against v{ov} ({_where(old.state)}); `{command}` shows the range-diff."
-        f" {_base_sentence(comparison)}",
+        f"Against v{ov} ({where}); `{command}` shows the range-diff. {_base_sentence(comparison)}",
         "",
     ]
     ordered = sorted((c for c in comparison.changes if c.new), key=lambda c: c.new.number)
@@ -46,10 +46,6 @@ def draft(comparison) -> str:
     if not ordered and not gone:
         lines.append("(both versions are empty)")
     return "\n".join(lines) + "\n"
-
-
-def _where(state) -> str:
-    return "the working tree" if state.commit is None else f"commit {state.commit[:12]}"
 
 
 def _base_sentence(comparison) -> str:

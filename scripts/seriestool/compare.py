@@ -169,9 +169,6 @@ class Comparison:
             "draft": self.draft(),
         }
 
-    def to_text(self, draft_path: Path | None = None) -> str:
-        return _render_text(self, draft_path)
-
 
 def compare(
     repo: Path,
@@ -238,7 +235,12 @@ def _compare_in(
     if scratch is None:  # both series are empty
         return Comparison(old, new, "", [])
 
-    text = _range_diff(scratch, old, new)
+    # range-diff of the two applied ranges; an empty side is an empty range.
+    old_base, new_base = old.base or new.base, new.base or old.base
+    assert old_base is not None and new_base is not None
+    old_tip = old.patches[-1].commit if old.patches else old_base
+    new_tip = new.patches[-1].commit if new.patches else new_base
+    text = rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
     changes = _pair(scratch, old, new, text)
     notes = _pair_recorded(scratch, old, new, changes)
     # "previous" names the patches of the version just before the newer one:
@@ -289,16 +291,6 @@ def _base_commit(
             f" {e}{how}"
         ) from None
     return repo, commit
-
-
-def _range_diff(scratch: Path, old: Side, new: Side) -> str:
-    """range-diff of the two applied ranges; an empty side is an empty range."""
-    old_base = old.base or new.base
-    new_base = new.base or old.base
-    assert old_base is not None and new_base is not None
-    old_tip = old.patches[-1].commit if old.patches else old_base
-    new_tip = new.patches[-1].commit if new.patches else new_base
-    return rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
 
 
 def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
@@ -566,15 +558,14 @@ def _bases_line(old: Side, new: Side) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The ``compare`` command: print the report; 0, or 2 when it could not run."""
+    repo = args.repo or manifest_mod.ROOT
     try:
         if not args.from_spec:
-            repo = args.repo or manifest_mod.ROOT
             example = hints.make("compare", FROM="1")
             raise SeriesError(f"FROM= names the older side, e.g. `{example}`; "
                               + versions.what_exists(repo))  # fmt: skip
         with interrupts.deferred():
-            comparison = compare(args.repo or manifest_mod.ROOT, args.from_spec, args.to_spec,
-                                 args.vllm)  # fmt: skip
+            comparison = compare(repo, args.from_spec, args.to_spec, args.vllm)
             if args.draft:
                 args.draft.write_text(comparison.draft(), encoding="utf-8",
                                       errors="surrogateescape")  # fmt: skip
@@ -583,7 +574,7 @@ def run(args: argparse.Namespace) -> int:
     except (SeriesError, OSError) as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
     print(json.dumps(comparison.to_dict(), indent=2) if args.json
-          else comparison.to_text(args.draft))  # fmt: skip
+          else _render_text(comparison, args.draft))  # fmt: skip
     return EXIT_OK
 
 

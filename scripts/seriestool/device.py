@@ -92,11 +92,6 @@ def in_overlay(path: str) -> bool:
     return in_tree(path) or path.startswith("tests/")
 
 
-def _tracked_files(checkout: Path) -> list[str]:
-    listing = g.out(checkout, "ls-files", "-z")
-    return sorted(p for p in listing.split("\0") if p)
-
-
 def write_archive(root: Path, paths: Iterable[str], dest: Path) -> int:
     """Write ``paths`` (relative to ``root``) as a deterministic tar.xz (sorted,
     owned by root, dated ARCHIVE_MTIME, mode 644 or 755); returns their number."""
@@ -185,7 +180,8 @@ def build_trees(
     keys = ("series_tests", "tests_not_run", "negative_controls", "negative_controls_missing")
     result: dict = {"trees": {}, **{key: [] for key in keys}}
 
-    with tempfile.TemporaryDirectory(prefix="device-", dir=_scratch_root()) as tmp_name:
+    (CACHE_DIR / "scratch").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="device-", dir=CACHE_DIR / "scratch") as tmp_name:
         tmp = Path(tmp_name)
         checkouts: dict[str, Path] = {}
 
@@ -199,7 +195,7 @@ def build_trees(
 
         def pack_base(dest: Path) -> dict:
             co = checkout("base", [])
-            files = [p for p in _tracked_files(co) if in_tree(p)]
+            files = [p for p in g.out(co, "ls-files", "-z").split("\0") if in_tree(p)]
             return {"files": write_archive(co, files, dest)}
 
         archive, meta = _cached(base_commit[:16], "base", pack_base, log)
@@ -272,12 +268,6 @@ def build_trees(
     return result
 
 
-def _scratch_root() -> Path:
-    root = CACHE_DIR / "scratch"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
 # --- wheels ------------------------------------------------------------------
 
 
@@ -337,8 +327,7 @@ def check_wheels(paths: Sequence[Path]) -> None:
         if name in seen:
             raise SeriesError(f"two versions of {name}: {seen[name]} and {version}")
         seen[name] = version
-        tags = path.name[: -len(".whl")].split("-")[-3:]
-        python, abi, platform = tags
+        python, _abi, platform = path.name[: -len(".whl")].split("-")[-3:]
         if not (platform == "any" or "x86_64" in platform):
             raise SeriesError(f"{path.name} is not for x86_64")
         if not any(t in ("py3", "cp312") or t.startswith("cp3") for t in python.split(".")):
@@ -390,13 +379,9 @@ def build_bundle(
         "mode": "series" if manifest.patches else "base-only",
         **trees,
         "wheels": [
-            {
-                "file": w.name,
-                "name": wheel_name_version(w.name)[0],
-                "version": wheel_name_version(w.name)[1],
-                "sha256": base_mod.sha256_of(w),
-            }
+            {"file": w.name, "name": name, "version": version, "sha256": base_mod.sha256_of(w)}
             for w in wheels
+            for name, version in [wheel_name_version(w.name)]
         ],
         "image": {"python": "3.12", "torch": "2.11"},
     }

@@ -32,10 +32,7 @@ FORMAT_PATCH = (
 
 def format_patches(repo: Path, base: str, tip: str, out_dir: Path) -> list[Path]:
     """``git format-patch`` ``base..tip`` (linear) into ``out_dir``; returns the files."""
-    base, tip = (
-        g.out(repo, "rev-parse", "--verify", f"{base}^{{commit}}"),
-        g.out(repo, "rev-parse", "--verify", f"{tip}^{{commit}}"),
-    )
+    base, tip = (g.out(repo, "rev-parse", "--verify", f"{ref}^{{commit}}") for ref in (base, tip))
     with scratch.view(repo) as view:
         merges = g.out(view, "rev-list", "--merges", f"{base}..{tip}")
         if merges:

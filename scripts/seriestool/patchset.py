@@ -6,24 +6,18 @@ from __future__ import annotations
 
 import email.header
 import email.parser
-import hashlib
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import git as g
+from .base import sha256_of as sha256_of_file  # every byte counts, unlike in a patch ID
 from .errors import SeriesError
 
 # A file as a tree holds it: (mode, blob id); a patch's view of one file:
 # (preimage, postimage), None where the file is absent.
 Entry = tuple[str, str]
 Image = dict[str, tuple[Entry | None, Entry | None]]
-
-
-def patch_id_of_text(diff_text: str | bytes, cwd: Path) -> str | None:
-    """Stable patch ID of one patch (format-patch file or diff text)."""
-    output = g.out(cwd, "patch-id", "--verbatim", input=diff_text)
-    return output.split()[0] if output else None
 
 
 # What git reads from a patch file depends only on its bytes: asked once per
@@ -36,17 +30,11 @@ def patch_id_of_file(path: Path) -> str:
     """Stable patch ID of a format-patch file."""
     key = sha256_of_file(path)
     if key not in _patch_ids:
-        pid = patch_id_of_text(path.read_bytes(), path.parent)
-        if pid is None:
+        output = g.out(path.parent, "patch-id", "--verbatim", input=path.read_bytes())
+        if not output:
             raise SeriesError(f"{path} contains no diff: is it a git format-patch file?")
-        _patch_ids[key] = pid
+        _patch_ids[key] = output.split()[0]
     return _patch_ids[key]
-
-
-def sha256_of_file(path: Path) -> str:
-    """Hex sha256 of a patch file's bytes: every byte counts (author, message,
-    line numbers), unlike the stable patch ID."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def subject_of_file(path: Path) -> str:
@@ -64,16 +52,13 @@ def subject_of_file(path: Path) -> str:
 
 
 def commit_patch_ids(
-    repo: Path, rev_range: str, paths: Sequence[str] = (), max_count: int | None = None
+    repo: Path, rev_range: str, paths: Sequence[str] = ()
 ) -> list[tuple[str, str]]:
     """(commit, stable patch ID) for each non-merge commit of ``rev_range``, oldest
     first, by one ``git log -p | git patch-id`` pipeline; with ``paths``, diffs
-    on them only; ``max_count``: the newest ones only."""
+    on them only."""
     args = ["log", "-p", "--reverse", "--no-merges", "--no-color", "--no-ext-diff", "--no-textconv",
-            "--format=commit %H"]  # fmt: skip
-    if max_count is not None:
-        args.append(f"--max-count={max_count}")
-    args.append(rev_range)
+            "--format=commit %H", rev_range]  # fmt: skip
     if paths:
         args += ["--", *paths]
     return patch_ids_of_log(repo, g.git(repo, *args, text=False).stdout)
@@ -122,19 +107,16 @@ def _numstat_paths(cwd: Path, git_dir: list[str], patch: Path) -> list[str]:
 def am(
     repo: Path,
     patches: Sequence[Path],
-    three_way: bool = True,
     env: dict[str, str] | None = None,
     hooks: Path | None = None,
 ) -> None:
-    """``git am [--3way]`` the patches onto HEAD of ``repo``, every option a setting
+    """``git am --3way`` the patches onto HEAD of ``repo``, every option a setting
     could change given; hooks off but ``hooks`` (the tool's own); committer:
     ``env``'s, else ``git.SCRATCH_COMMITTER`` (a checkout of the user's gets
     ``git.user_identity``).  A failure leaves the am session to the caller."""
     # --keep-non-patch: strip only "[PATCH]", keep "[Model Loader]"-style tags.
-    args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors",
+    args = ["am", "--quiet", "--no-keep-cr", "--keep-non-patch", "--no-scissors", "--3way",
             "--no-message-id", "--no-gpg-sign", "--no-signoff", "--whitespace=nowarn"]  # fmt: skip
-    if three_way:
-        args.append("--3way")
     if hooks is not None:
         args = ["-c", f"core.hooksPath={hooks}", *args]
     if not (env and "GIT_COMMITTER_NAME" in env):

@@ -29,10 +29,7 @@ def check(
     found = []
     for path in paths:
         pre, post = (e[1] if e else None for e in image[path])
-        t, r = (
-            (target[path][1] if path in target else None),
-            (result[path][1] if path in result else None),
-        )
+        t, r = (tree[path][1] if path in tree else None for tree in (target, result))
         if t == pre:
             if r != post:
                 found.append(

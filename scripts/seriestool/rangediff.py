@@ -38,13 +38,11 @@ class Pair:
 def parse(text: str) -> list[Pair]:
     """Every pair of ``git range-diff`` output, in its order."""
     pairs: list[Pair] = []
-    body: list[str] = []
+    bodies: list[list[str]] = []
     for line in text.splitlines():
         match = None if line.startswith("    ") else _PAIR_HEADER.match(line)
         if match:
-            if pairs:
-                pairs[-1].body = "\n".join(body)
-            body = []
+            bodies.append([])
             pairs.append(
                 Pair(
                     status=match["st"],
@@ -57,9 +55,9 @@ def parse(text: str) -> list[Pair]:
                 )
             )
         elif pairs:
-            body.append(line)
-    if pairs:
-        pairs[-1].body = "\n".join(body)
+            bodies[-1].append(line)
+    for pair, body in zip(pairs, bodies, strict=True):
+        pair.body = "\n".join(body)
     return pairs
 
 

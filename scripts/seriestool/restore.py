@@ -18,26 +18,22 @@ def restore(repo: Path, force: bool = False, log=print) -> int:
     if not g.is_repo(repo):
         raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name the checkout to restore")
     with journal.locked(repo):  # the command that is changing it, if any, restores it itself
-        return _restore(repo, force, log)
-
-
-def _restore(repo: Path, force: bool, log) -> int:
-    tx = journal.Transaction.load(repo)
-    if tx is None:
-        log(f"nothing to restore in {repo}: no interrupted change is recorded there")
-        return 0
-    if tx.journal.op == "rebase" and rebase.state_path().exists():
-        raise SeriesError(
-            f"{tx.repo} is in a rebase session that keeps a conflict; end it with\n"
-            f"    {hints.make('rebase', ABORT='1')}"
-        )
-    op = tx.journal.op
-    if force:
-        undone = tx.foreign_changes()
-    else:
-        tx.refuse_foreign_changes(journal.restore_command(tx.repo, force=True))
-        undone = []
-    notes = tx.rollback()
+        tx = journal.Transaction.load(repo)
+        if tx is None:
+            log(f"nothing to restore in {repo}: no interrupted change is recorded there")
+            return 0
+        if tx.journal.op == "rebase" and rebase.state_path().exists():
+            raise SeriesError(
+                f"{tx.repo} is in a rebase session that keeps a conflict; end it with\n"
+                f"    {hints.make('rebase', ABORT='1')}"
+            )
+        op = tx.journal.op
+        if force:
+            undone = tx.foreign_changes()
+        else:
+            tx.refuse_foreign_changes(journal.restore_command(tx.repo, force=True))
+            undone = []
+        notes = tx.rollback()
     log(f"restored {tx.repo} as it was before the interrupted {op}")
     if undone:
         log(f"  also undone, as FORCE asked (changes the {op} did not make):")

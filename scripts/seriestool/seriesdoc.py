@@ -14,11 +14,6 @@ ROW = re.compile(r"^\|\s*(\d{4})\s*\|\s*`([^`]*)`\s*\|(.*)$")
 _BASEROW = re.compile(r"^(\|\s*([a-z ]+?)\s*\|)(.*)$")
 
 
-def doc_for(patch_dir: Path) -> Path:
-    """The SERIES.md that describes ``patch_dir``: the one beside it."""
-    return Path(patch_dir).resolve().parent / DOC_NAME
-
-
 def section(lines: list[str], title: str) -> tuple[int, int] | None:
     """``(first, end)`` line indexes of the body of section ``## title``."""
     try:
@@ -84,7 +79,7 @@ def render(text: str, manifest: manifest_mod.Manifest) -> str:
 
 def sync(manifest: manifest_mod.Manifest, patch_dir: Path, log=print) -> None:
     """Rewrite the SERIES.md beside ``patch_dir`` (if any) from ``manifest``."""
-    doc = doc_for(patch_dir)
+    doc = Path(patch_dir).resolve().parent / DOC_NAME
     if not doc.is_file():
         return
     text = doc.read_text(encoding="utf-8")
