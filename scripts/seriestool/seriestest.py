@@ -62,14 +62,22 @@ def ruff_failures(output: str) -> list[str]:
     return found
 
 
+def pytest_command(checkout: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of pytest on CPU in the vLLM tree ``checkout``, with
+    the ``cpu_plugin`` stand-ins (docs/testing.md)."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+           "-p", f"{__package__}.cpu_plugin", *args]  # fmt: skip
+    path = os.pathsep.join([str(checkout), str(Path(__file__).parents[1])])
+    return cmd, dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=path)
+
+
 def run_pytest(
     checkout: Path, tests: list[str], deselect: dict[str, str]
 ) -> tuple[int, str, list[str]]:
     """pytest on ``tests``; (exit status, its last line, the failing tests)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *tests]
+    cmd, env = pytest_command(checkout, "-q", "-rfEs", *tests)
     for nodeid in deselect:
         cmd += ["--deselect", nodeid]
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(checkout))
     proc = interrupts.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     tail = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]

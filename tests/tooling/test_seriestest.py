@@ -122,3 +122,46 @@ def test_smoke_picks_each_patch_a_test_of_its_own(tmp_path):
         "tests/test_x.py::test_first", "tests/test_x.py::test_second",
         "tests/test_x.py::test_first",
     ]  # fmt: skip
+
+
+# A vLLM tree in miniature: the CPU platform as in 0.34.0, which refuses x86
+# without Triton, or (``REFUSAL`` left out) as in 0.33.0, which has no such check.
+CPU_PLATFORM = """
+class CpuPlatform:
+    @classmethod
+    def check_and_update_config(cls, vllm_config):
+        from vllm.triton_utils import HAS_TRITON
+REFUSAL
+        vllm_config.append(HAS_TRITON)
+"""
+REFUSAL = """
+        if not HAS_TRITON:
+            raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")
+"""
+TEST_CONFIG = """
+import vllm.triton_utils
+from vllm.platforms.cpu import CpuPlatform
+
+
+def test_config():
+    seen = []
+    CpuPlatform.check_and_update_config(seen)
+    assert seen == [REFUSES] and vllm.triton_utils.HAS_TRITON is False
+"""
+
+
+@pytest.mark.parametrize("refuses", [True, False])
+def test_vllm_cpu_platform_configures_without_triton_in_test_runs_only(tmp_path, refuses):
+    """While the platform's own check runs, and only then, Triton reads as
+    present; a platform without the check is left as it is."""
+    for path, text in {
+        "vllm/__init__.py": "",
+        "vllm/platforms/__init__.py": "",
+        "vllm/platforms/cpu.py": CPU_PLATFORM.replace("REFUSAL\n", REFUSAL if refuses else ""),
+        "vllm/triton_utils/__init__.py": "HAS_TRITON = False\n",
+        "tests/test_config.py": f"REFUSES = {refuses}\n{TEST_CONFIG}",
+    }.items():  # fmt: skip
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    rc, summary, failed = seriestest.run_pytest(tmp_path, ["tests/test_config.py"], {})
+    assert (rc, failed) == (0, []), summary
