@@ -1,7 +1,11 @@
 """``test-series`` fails loudly: a prefix without tests, a test file that
-collects nothing (pytest exit 5), a failing test, a patch that does not apply."""
+collects nothing (pytest exit 5), a failing test, a patch that does not apply.
+It says as it goes what runs and how long it took, and why a test is
+deselected; vLLM's CPU platform configures without Triton in its test runs."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from seriestool import base as base_mod
@@ -29,10 +33,40 @@ def test_every_prefix_passes(toy_base, capsys):
     assert seriestest.check_prefixes(manifest, patch_dir) == 0
     out = capsys.readouterr().out
     # Prefix 1 runs only patch 1's test; prefix 2 runs both.
-    assert "prefix 0001..0001: pytest tests/test_first.py\n" in out
-    assert "prefix 0001..0002: pytest tests/test_first.py tests/test_second.py\n" in out
+    assert "prefix 0001..0001: pytest on 1 test file: tests/test_first.py\n" in out
+    assert (
+        "prefix 0001..0002: pytest on 2 test files: tests/test_first.py tests/test_second.py\n"
+        in out
+    )
     assert "2 passed" in out
     assert "apply/export round trip: ok" in out
+
+
+def test_each_prefix_says_as_it_goes_what_runs_and_how_long_it_took(toy_base, capsys):
+    manifest, patch_dir = toy_base
+    assert seriestest.check_prefixes(manifest, patch_dir) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("=== prefix 0001..0002: pytest on 2 test files: tests/test_first.py"
+                        " tests/test_second.py")  # fmt: skip
+    end = next(
+        n for n, line in enumerate(lines) if line.startswith("=== prefix 0001..0002: 2 passed")
+    )
+    assert re.fullmatch(r"=== prefix 0001..0002: 2 passed in [0-9.]+s \(\d+ s\)", lines[end])
+    # pytest's own progress between them: a line per test file.
+    progress = [line.split()[0] for line in lines[start:end] if line.startswith("tests/")]
+    assert progress == ["tests/test_first.py", "tests/test_second.py"]
+
+
+def test_deselected_tests_are_named_with_their_reason(toy_base, capsys):
+    """An entry is a node id prefix: one name deselects every test it begins,
+    as ``test_kda_online_loading`` does each parametrized case of
+    ``test_kda_online_loading_releases_sources_and_zeros_padding``."""
+    manifest, patch_dir = toy_base
+    manifest.regression_tests.deselect = {"tests/test_second.py::test_sec": "needs CUDA"}
+    assert seriestest.check_prefixes(manifest, patch_dir) == 0
+    out = capsys.readouterr().out
+    assert "deselected tests/test_second.py::test_sec*: needs CUDA\n" in out
+    assert "1 passed, 1 deselected" in out
 
 
 def test_failing_test_fails_the_series(toy_base, capsys):
