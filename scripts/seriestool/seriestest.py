@@ -65,11 +65,10 @@ def ruff_failures(output: str) -> list[str]:
 
 
 def pytest_command(checkout: Path, *args: str) -> tuple[list[str], dict[str, str]]:
-    """(command, environment) of pytest on CPU in the vLLM tree ``checkout``, with
-    the ``cpu_plugin`` stand-ins (docs/testing.md)."""
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-           "-p", f"{__package__}.cpu_plugin", *args]  # fmt: skip
-    path = os.pathsep.join([str(checkout), str(Path(__file__).parents[1])])
+    """(command, environment) of pytest on CPU in the vLLM tree ``checkout``; its
+    processes start with ``scripts/cpu_site/sitecustomize.py`` (docs/testing.md)."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    path = os.pathsep.join([str(checkout), str(Path(__file__).parents[1] / "cpu_site")])
     return cmd, dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=path)
 
 

@@ -173,21 +173,33 @@ REFUSAL = """
             raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")
 """
 TEST_CONFIG = """
+import subprocess
+import sys
+
 import vllm.triton_utils
 from vllm.platforms.cpu import CpuPlatform
+
+CHECK = "from vllm.platforms.cpu import CpuPlatform as P; s = []; P.check_and_update_config(s)"
 
 
 def test_config():
     seen = []
     CpuPlatform.check_and_update_config(seen)
     assert seen == [REFUSES] and vllm.triton_utils.HAS_TRITON is False
+
+
+def test_config_in_a_process_the_test_starts():
+    child = subprocess.run([sys.executable, "-c", CHECK + "; print(s)"], capture_output=True,
+                           text=True)
+    assert child.stdout == f"[{REFUSES}]\\n", child.stderr
 """
 
 
 @pytest.mark.parametrize("refuses", [True, False])
 def test_vllm_cpu_platform_configures_without_triton_in_test_runs_only(tmp_path, refuses):
     """While the platform's own check runs, and only then, Triton reads as
-    present; a platform without the check is left as it is."""
+    present, in pytest and in the processes a test starts; a platform without
+    the check is left as it is."""
     for path, text in {
         "vllm/__init__.py": "",
         "vllm/platforms/__init__.py": "",
