@@ -170,7 +170,7 @@ def check_prefixes(
             continue
         tests = sorted({t for p in chosen for t in patch_tests(checkout, p)})
         if full or not prefix:
-            tests += manifest.regression_tests.paths
+            tests += [p for p in manifest.regression_tests.paths if p not in tests]
         files = f"{len(tests)} test file{'s' * (len(tests) != 1)}"
         print(f"\n=== {label}: {what or 'pytest'} on {files}: {' '.join(tests)}", flush=True)
         rc, summary, nodes = run_pytest(checkout, tests, manifest.regression_tests.deselect)
