@@ -5,16 +5,19 @@ Stage 1 installs the ``dev`` dependency group of pyproject.toml: enough to fetch
 the vLLM sdist (torch, setuptools-rust, setuptools-scm) and run the tooling
 tests.  Stage 2 installs what the vLLM-side tests need, read from the
 materialised base: its ``requirements/common.txt`` and ruff at the version its
-``.pre-commit-config.yaml`` pins.  Each stage records a hash of its inputs in
-the venv and is skipped when nothing changed.
+``.pre-commit-config.yaml`` pins.  Each stage's stamp in the venv records a hash
+of its inputs, then the inputs; a stage whose inputs did not change is skipped
+and writes nothing, and stage 2 says when the base moved since it last ran.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 import venv
 from pathlib import Path
@@ -24,18 +27,33 @@ VENV = Path(os.environ.get("SERIES_VENV", ROOT / ".venv"))
 PY = VENV / "bin" / "python"
 
 
-def pip_install(args: list[str], stamp_name: str, inputs: str, what: str) -> None:
+def recorded(stamp_name: str) -> str:
+    """The stage's stamp: the hash of its inputs, then the inputs ("" before it ran)."""
     stamp = VENV / stamp_name
+    return stamp.read_text() if stamp.exists() else ""
+
+
+def pip_install(args: list[str], stamp_name: str, inputs: str, what: str) -> None:
     digest = hashlib.sha256((sys.version + inputs).encode()).hexdigest()
-    if stamp.exists() and stamp.read_text() == digest:
+    if recorded(stamp_name).partition("\n")[0] == digest:
         print(f"venv {stamp_name}: up to date", file=sys.stderr)
         return
     # Progress goes to stderr: targets such as `make check JSON=1` keep a
     # clean stdout.  pip names each package as it goes (minutes the first time).
-    print(f"venv {stamp_name}: installing {what} (pip's progress follows)", file=sys.stderr)
+    print(f"venv {stamp_name}: {what} (pip's progress follows)", file=sys.stderr)
     _run([str(PY), "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check",
           "--no-color", *args])  # fmt: skip
-    stamp.write_text(digest)
+    (VENV / stamp_name).write_text(f"{digest}\n{inputs}")
+
+
+def stage2_what(requirements: str, before: str) -> str:
+    """What stage 2 installs, and why: the base's version heads its requirements
+    (``# vllm 0.34.0: ...``), now and at the last install (``before``, its stamp)."""
+    now, was = (re.search(r"^# \S+ (\S+):", text, re.M) for text in (requirements, before))
+    what = f"installing its test requirements (requirements/common.txt, {requirements.split()[-1]})"
+    if was and was[1] != now[1]:
+        return f"base moved from {was[1]} to {now[1]}: {what}"
+    return f"base {now[1]}: {what}"
 
 
 def _run(cmd: list[str], **kwargs) -> None:
@@ -54,13 +72,17 @@ def main() -> int:
         print(f"creating {VENV}", file=sys.stderr)
         venv.create(VENV, with_pip=True)
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
-    pip_install(dev, "series-stage1", "\n".join(dev), f"the tooling's {len(dev)} packages")
+    what = f"installing the tooling's {len(dev)} packages"
+    pip_install(dev, "series-stage1", "\n".join(dev), what)
 
-    req = VENV / "series-stage2-requirements.txt"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     print("venv: materialising the pinned vLLM base for its test requirements", file=sys.stderr)
-    _run([str(PY), "-m", "seriestool", "base", "--requirements", str(req)], env=env)
-    pip_install(["-r", str(req)], "series-stage2", req.read_text(), "what vLLM's tests need")
+    with tempfile.TemporaryDirectory(prefix="series-venv-") as tmp:  # nothing written in the venv
+        req = Path(tmp) / "requirements.txt"
+        _run([str(PY), "-m", "seriestool", "base", "--requirements", str(req)], env=env)
+        text = req.read_text()
+        pip_install(["-r", str(req)], "series-stage2", text,
+                    stage2_what(text, recorded("series-stage2")))  # fmt: skip
     return 0
 
 

@@ -28,10 +28,14 @@ def ruff_pin(pre_commit_config: str) -> str:
 
 
 def test_requirements(manifest: manifest_mod.Manifest) -> str:
-    repo = base_repo_path(manifest.base.project, manifest.base.version)
+    """The base's ``requirements/common.txt`` and ruff pin, headed by the base
+    (``# vllm 0.33.0: ...``, which ``make venv`` reports when it changes)."""
+    b = manifest.base
+    repo = base_repo_path(b.project, b.version)
     common = g.out(repo, "show", f"{BASE_BRANCH}:requirements/common.txt")
     pre_commit = g.out(repo, "show", f"{BASE_BRANCH}:.pre-commit-config.yaml")
-    return f"{common}\n{ruff_pin(pre_commit)}\n"
+    header = f"# {b.project} {b.version}: requirements/common.txt and its ruff pin"
+    return f"{header}\n{common}\n{ruff_pin(pre_commit)}\n"
 
 
 def run(args: argparse.Namespace) -> int:

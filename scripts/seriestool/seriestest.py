@@ -6,12 +6,14 @@ output with ``failed step: <what>``, which ``rebase`` quotes.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from . import base as base_mod
@@ -62,19 +64,29 @@ def ruff_failures(output: str) -> list[str]:
     return found
 
 
+def pytest_command(checkout: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of pytest on CPU in the vLLM tree ``checkout``; its
+    processes start with ``scripts/cpu_site/sitecustomize.py`` (docs/testing.md)."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    path = os.pathsep.join([str(checkout), str(Path(__file__).parents[1] / "cpu_site")])
+    return cmd, dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=path)
+
+
 def run_pytest(
     checkout: Path, tests: list[str], deselect: dict[str, str]
 ) -> tuple[int, str, list[str]]:
-    """pytest on ``tests``; (exit status, its last line, the failing tests)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *tests]
-    for nodeid in deselect:
+    """pytest on ``tests``, its output printed as it comes (a line per test
+    file), less the ``deselect`` node id prefixes, each named with its reason;
+    (exit status, its last line, the failing tests)."""
+    cmd, env = pytest_command(checkout, "-rfEs", *tests)
+    for nodeid, why in deselect.items():
         cmd += ["--deselect", nodeid]
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(checkout))
-    proc = interrupts.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
-    output = proc.stdout + proc.stderr
-    tail = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]
-    print(output, end="")
-    return proc.returncode, tail[0], pytest_failures(output)
+        if nodeid.split("::")[0] in tests:
+            print(f"deselected {nodeid}*: {why}")
+    echo = functools.partial(print, end="", flush=True)
+    proc = interrupts.run(cmd, cwd=checkout, env=env, text=True, echo=echo)
+    tail = [line for line in proc.stdout.splitlines() if line.strip()][-1:] or ["(no output)"]
+    return proc.returncode, tail[0].strip("= "), pytest_failures(proc.stdout)
 
 
 def round_trip_differences(checkout: Path, start: str, patches: list[Path]) -> list[str]:
@@ -138,6 +150,7 @@ def check_prefixes(
             print(f"\n=== {label}: {what}")
             rows.append((label, "-", what, "-"))
             continue
+        started = time.monotonic()
         checkout = scratch_root / folder
         shutil.rmtree(checkout, ignore_errors=True)
         checkout.parent.mkdir(parents=True, exist_ok=True)
@@ -157,11 +170,13 @@ def check_prefixes(
             continue
         tests = sorted({t for p in chosen for t in patch_tests(checkout, p)})
         if full or not prefix:
-            tests += manifest.regression_tests.paths
-        print(f"\n=== {label}: {what or 'pytest'} {' '.join(tests)}")
+            tests += [p for p in manifest.regression_tests.paths if p not in tests]
+        files = f"{len(tests)} test file{'s' * (len(tests) != 1)}"
+        print(f"\n=== {label}: {what or 'pytest'} on {files}: {' '.join(tests)}", flush=True)
         rc, summary, nodes = run_pytest(checkout, tests, manifest.regression_tests.deselect)
         if rc == 5:
             summary = "no tests collected (pytest exit 5)"
+        print(f"=== {label}: {summary} ({time.monotonic() - started:.0f} s)", flush=True)
         if rc != 0:
             failed.append(f"pytest on {label}: " + (", ".join(nodes) or summary))
         lint = "-"

@@ -6,10 +6,8 @@ reordering; a patch with no test of its own says whose it shares."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import sys
 
 from . import base as base_mod
 from . import interrupts, patchset, seriestest
@@ -28,9 +26,8 @@ def smoke(manifest: manifest_mod.Manifest, patch_dir=manifest_mod.PATCH_DIR) -> 
     for image in patchset.images(patches):
         tests = [p for p in image if seriestest.is_test_file(p) and (checkout / p).exists()]
         files.append(sorted(tests, key=lambda p: image[p][0] is not None))
-    collect = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-               *sorted({f for fs in files for f in fs})]  # fmt: skip
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(checkout))
+    collect, env = seriestest.pytest_command(checkout, "-q", "--collect-only",
+                                             *sorted({f for fs in files for f in fs}))  # fmt: skip
     listing = interrupts.run(collect, cwd=checkout, env=env, capture_output=True, text=True)
     nodes: dict[str, list[str]] = {}
     for line in listing.stdout.splitlines():

@@ -269,7 +269,7 @@ def test_test_series_applies_each_group_alone_and_fails_one_that_does_not_stand(
     manifest.groups[2].upstream = True
     assert seriestest.check_prefixes(manifest, patch_dir) == 0
     out = capsys.readouterr().out
-    assert "=== group other: patches 0003, pytest tests/test_fork.py\n" in out
+    assert "=== group other: patches 0003, pytest on 1 test file: tests/test_fork.py\n" in out
     assert "=== group second: same patches as prefix 0001..0002, tested: skipped\n" in out
     # second without its dependency: its patch does not apply on the base alone.
     manifest.groups[1].depends = []
