@@ -76,7 +76,6 @@ def main() -> int:
     pip_install(dev, "series-stage1", "\n".join(dev), what)
 
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
-    print("venv: materialising the pinned vLLM base for its test requirements", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="series-venv-") as tmp:  # nothing written in the venv
         req = Path(tmp) / "requirements.txt"
         _run([str(PY), "-m", "seriestool", "base", "--requirements", str(req)], env=env)

@@ -61,6 +61,7 @@ def test_a_second_run_with_nothing_changed_writes_nothing_in_the_venv(fake_venv)
     assert _snapshot(fake_venv) == files
     assert "venv series-stage2: up to date" in again.stderr
     assert "pip install" not in again.stderr
+    assert "materialising" not in again.stderr  # nothing is materialised
 
 
 def test_a_moved_base_says_what_it_installs_and_why(fake_venv):
