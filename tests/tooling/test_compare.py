@@ -716,22 +716,29 @@ def test_output_does_not_depend_on_user_git_configuration(project, capsys, tmp_p
 
 
 def test_make_compare_on_this_repository_needs_no_venv(make_work_dir, tmp_path):
-    """`make compare FROM=1` on this repository's own history (against the
-    committed HEAD, not whatever the working tree holds), the base cached in
-    the work folder: no `make venv` runs (there is no venv at all here, so
-    python3 runs the tool), pip is never asked (no index), and with JSON=1
-    stdout is the report alone."""
+    """`make compare` on this repository's own history (from the oldest commit
+    whose series is on the pinned base, to the committed HEAD, not whatever the
+    working tree holds), the base cached in the work folder: no `make venv`
+    runs (there is no venv at all here, so python3 runs the tool), pip is never
+    asked (no index), and with JSON=1 stdout is the report alone."""
+
+    def base_of(commit: str) -> str:
+        manifest = Repo(ROOT).git("show", f"{commit}:patches/series.json")
+        return json.loads(manifest)["base"]["version"]
+
+    head = Repo(ROOT).head()
+    on_base = [c for c, _ in versions.history(ROOT) if base_of(c) == base_of(head)]
     no_venv = tmp_path / "no-venv"
     env = dict(os.environ, SERIES_WORK_DIR=str(make_work_dir), PIP_NO_INDEX="1")
     done = subprocess.run(
-        ["make", "-s", "-C", str(ROOT), "compare", "FROM=1", "TO=HEAD", "JSON=1",
-         f"VENV={no_venv}"],
+        ["make", "-s", "-C", str(ROOT), "compare", f"FROM={on_base[-1]}", "TO=HEAD",
+         "JSON=1", f"VENV={no_venv}"],
         env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["from"]["version"] == "1" and len(report["from"]["patches"]) == 5
-    assert report["to"]["commit"] == Repo(ROOT).head()
+    assert report["from"]["commit"] == on_base[-1] and report["from"]["patches"]
+    assert report["to"]["commit"] == head
     assert report["draft"].startswith(f"## Changes in v{report['to']['version']}\n")
     assert not no_venv.exists()
     assert sorted(p.name for p in make_work_dir.iterdir()) == ["base", "sdist", "vllm"]
