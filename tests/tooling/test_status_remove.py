@@ -3,6 +3,7 @@ version or cloned from upstream: on throw-away checkouts."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -288,9 +289,10 @@ def test_apply_names_an_earlier_version_and_its_upgrade_runs_as_printed(
     assert "series: v2 (working tree), all 2 patches" in _status(repo, v2_dir)
 
 
-def test_apply_names_series_v1_of_this_repository(tmp_path):
-    """The real case: series v1 from this repository's history applied to the
-    materialised base; apply of the current series names v1 and the upgrade."""
+def test_apply_names_an_earlier_series_of_this_repository(tmp_path):
+    """The real case: the oldest series of this repository's history on the
+    pinned base applied to the materialised base; apply of the current series
+    names that version and commit."""
     from seriestool import base as base_mod
 
     current = manifest_mod.load()
@@ -298,10 +300,21 @@ def test_apply_names_series_v1_of_this_repository(tmp_path):
     if not base_repo.is_dir():
         pytest.skip(f"{base_repo} is not materialised: run `make venv` first")
     checkout = base_mod.clone(base_repo, tmp_path / "vllm")
-    v1_dir = tmp_path / "v1"
-    v1 = versions.write_patches(ROOT, versions.resolve(ROOT, "1"), v1_dir)
-    apply_mod.apply_series(checkout, v1, v1_dir, log=lambda *_: None)
-    with pytest.raises(SeriesError, match=r"carries series v1 \(commit \w+\) \(5 of 5 patches\)"):
+    on_base = [
+        commit for commit, version in versions.history(ROOT)
+        if version != current.version
+        and json.loads(Repo(ROOT).git("show", f"{commit}:patches/series.json"))["base"]["version"]
+        == current.base.version
+    ]  # fmt: skip
+    if not on_base:
+        pytest.skip(f"no earlier series version of this repository is on {current.base.version}")
+    earlier = versions.resolve(ROOT, on_base[-1])
+    earlier_dir = tmp_path / "earlier"
+    manifest = versions.write_patches(ROOT, earlier, earlier_dir)
+    apply_mod.apply_series(checkout, manifest, earlier_dir, log=lambda *_: None)
+    n = len(manifest.patches)
+    with pytest.raises(SeriesError, match=rf"carries series v{earlier.version} \(commit "
+                       rf"{on_base[-1][:7]}\w*\) \({n} of {n} patches\)"):  # fmt: skip
         apply_mod.apply_series(checkout, current, log=lambda *_: None)
 
 
