@@ -316,6 +316,37 @@ def stream_order(files: list[str]) -> list[str]:
     return order
 
 
+def tensor_sizes(paths: list[str]) -> dict[str, int]:
+    """Tensor name -> bytes, read from the safetensors headers of ``paths``."""
+    sizes = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        for name, meta in header.items():
+            sizes[name] = meta["data_offsets"][1] - meta["data_offsets"][0]
+    return sizes
+
+
+def geometry_bound(sizes) -> tuple[int, int]:
+    """The "geometry rule" bound of a checkpoint and its tensor: B = 2 x L,
+    where L is the largest tensor that stays on the GPU at B (tensors above B
+    are read on CPU), so that InstantTensor's ring holds two of the largest
+    tensors it streams and always reads ahead.  Of the bounds that satisfy
+    the rule and leave some tensor above them, the largest (the fewest
+    bytes on CPU); without one, twice the largest tensor (all on the GPU)."""
+    distinct = sorted(set(sizes))
+    if not distinct:
+        return 0, 0
+    best = distinct[-1]
+    for i, s in enumerate(distinct):
+        above = distinct[i + 1 :]
+        if above and above[-1] > 2 * s and not any(t <= 2 * s for t in above):
+            best = s
+    return 2 * best, best
+
+
 def write_json(path: Path, data) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")

@@ -293,65 +293,91 @@ def evaluate_targets(res: dict) -> list[dict]:
             all(b == 0 for b in bad),
             f"{len(checked)} configurations",
         )
-    pieces_targets(res, add)
+    bound_targets(res, add)
     return targets
 
 
-# Largest ratios to the unbounded load, same run, with tensors above a quarter
-# of the 64 MiB bound streamed in pieces (pinned staging on, copy mode).
-PIECES_TARGETS = {"staging": 1.10, "heavy": 1.30}
-
-
-def pieces_targets(res: dict, add) -> None:
-    """The ``pieces`` phase: each checkpoint's bounded load with pieces against
-    the unbounded one; the ring within the bound; peak GPU memory no higher
-    than the same bound with whole tensors (the series' path before pieces)."""
-    if "pieces" in set(res.get("skipped_phases", [])):
+def bound_targets(res: dict, add) -> None:
+    """The ``bound`` phase, per checkpoint: every row bitwise; every ring
+    within its bound; and, stated, the series against the series with
+    pieces at the 64 MiB bound in copy and borrowed mode (time x unbound of
+    each, and the peak extra GPU memory of each)."""
+    if "bound" in set(res.get("skipped_phases", [])):
         return
-    for kind, limit in PIECES_TARGETS.items():
-        c = res.get("pieces", {}).get(kind, {}).get("configs", {})
-        pieced, whole = c.get("series bound, pieces", {}), c.get("series bound, whole tensors", {})
-        r = pieced.get("ratio_vs_unbound")
+    phase = res.get("bound", {})
+    for kind in ("staging", "heavy"):
+        st = phase.get(kind, {})
+        c = st.get("configs", {})
+        bad = [(x.get("verify") or {}).get("n_mismatches") for x in c.values()]
         add(
-            f"{kind} checkpoint, 64 MiB bound, pieces / unbounded",
-            f"<= {limit:.2f}",
-            r,
-            r is not None and r <= limit,
-            f"whole tensors {fmt(whole.get('ratio_vs_unbound'))}",
+            f"bound, {kind} checkpoint: every row bitwise equal",
+            "0 mismatched tensors",
+            sum(b for b in bad if b is not None) if c and None not in bad else None,
+            bool(c) and all(b == 0 for b in bad),
+            f"{len(c)} rows, every tensor of one verified load each",
         )
-        bound = res.get("pieces", {}).get(kind, {}).get("bound_bytes") or 64 * common.MiB
-        ring = pieced.get("ring_bytes")
+        over = [
+            label
+            for label, x in c.items()
+            if x.get("bound_bytes") and (x.get("ring_bytes") or 0) > x["bound_bytes"]
+        ]
+        rings = [x.get("ring_bytes") for x in c.values() if x.get("bound_bytes")]
         add(
-            f"{kind} checkpoint, ring with pieces (MiB)",
-            f"<= bound {bound / common.MiB:.0f}",
-            None if ring is None else ring / common.MiB,
-            ring is not None and ring <= bound,
+            f"bound, {kind} checkpoint: ring within the bound, every bounded row",
+            "<= B",
+            len(over) if rings else None,
+            bool(rings) and None not in rings and not over,
+            ", ".join(over[:3]),
         )
-        peaks = pieced.get("peak_used_delta"), whole.get("peak_used_delta")
-        extra = None if None in peaks else peaks[0] - peaks[1]
-        add(
-            f"{kind} checkpoint, peak GPU memory, pieces minus whole tensors (MiB)",
-            f"<= {PEAK_SLACK / common.MiB:.0f}",
-            None if extra is None else extra / common.MiB,
-            extra is not None and extra <= PEAK_SLACK,
-            "mem_get_info, 64 MiB bound",
-        )
+        b = size_label(st.get("bound_bytes") or 64 * common.MiB)
+        for mode in ("copy", "borrowed"):
+            new, old = c.get(f"series {b}, {mode}", {}), c.get(f"pieces {b}, {mode}", {})
+            r = new.get("ratio_vs_unbound")
+            add(
+                f"bound, {kind} checkpoint, {b} {mode}: series / series unbound (time)",
+                "stated",
+                r,
+                r is not None,
+                f"with pieces {fmt(old.get('ratio_vs_unbound'))}; best rounds"
+                f" {fmt(new.get('ratio_best_vs_unbound'))} against"
+                f" {fmt(old.get('ratio_best_vs_unbound'))}; peak extra GPU"
+                f" {mib(new.get('peak_used_delta'))} MiB against"
+                f" {mib(old.get('peak_used_delta'))} MiB",
+            )
 
 
-def render_pieces(res: dict) -> list[str]:
-    """The ``pieces`` phase's table per checkpoint."""
+def size_label(n: int) -> str:
+    """A bound as the ``bound`` phase's row labels name it (run_all.size_label)."""
+    return f"{n / common.MiB:.3g} MiB"
+
+
+def render_bound(res: dict) -> list[str]:
+    """The ``bound`` phase's table per checkpoint."""
     out = []
-    for kind, st in res.get("pieces", {}).items():
+    phase = res.get("bound", {})
+    trees = phase.get("trees", {})
+    for kind in ("staging", "heavy"):
+        st = phase.get(kind, {})
         if not st.get("configs"):
             continue
+        geo = st.get("geometry", {})
         out.append(
-            f"## Pieces through the ring: {kind} checkpoint ({fmt(st.get('checkpoint_gib'))}"
-            f" GiB; median of {st.get('rounds')} interleaved runs)\n"
+            f"## Bound: the series against the series with pieces, {kind} checkpoint"
+            f" ({fmt(st.get('checkpoint_gib'))} GiB, largest tensor"
+            f" {mib(st.get('largest_tensor_bytes'))} MiB; geometry rule: B ="
+            f" {fmt(geo.get('bound_bytes', 0) / common.MiB)} MiB, twice"
+            f" {fmt(geo.get('largest_on_gpu_bytes', 0) / common.MiB)} MiB; median and best"
+            f" of {st.get('rounds')} interleaved rounds)\n"
         )
         rows = [
             [
                 label,
+                fmt(c.get("median_s"), 3),
+                fmt(c.get("min_s"), 3),
                 c.get("ratio_vs_unbound"),
+                c.get("ratio_best_vs_unbound"),
+                c.get("ratio_vs_pieces"),
+                c.get("ratio_best_vs_pieces"),
                 mib(c.get("ring_bytes")),
                 mib(c.get("peak_used_delta")),
                 mib(c.get("peak_host_delta")),
@@ -360,9 +386,33 @@ def render_pieces(res: dict) -> list[str]:
             ]
             for label, c in st["configs"].items()
         ]
-        headers = ["config", "time × unbound", "ring MiB", "peak GPU MiB", "peak host MiB"]
-        out.append(md_table([*headers, "CPU MiB", "mismatches"], rows))
+        headers = [
+            "config",
+            "median s",
+            "best s",
+            "× unbound",
+            "× unbound, best",
+            "× pieces",
+            "× pieces, best",
+            "ring MiB",
+            "peak extra GPU MiB (mem_get_info)",
+            "peak host MiB",
+            "CPU MiB",
+            "mismatches",
+        ]
+        out.append(md_table(headers, rows))
+        for label in st.get("not_run", []):
+            out.append(f"\nNot run: {label}")
         out.append("")
+    if trees:
+        out.append(
+            "Trees: "
+            + "; ".join(
+                f"{name} {'streams in pieces' if t.get('has_pieces') else 'no pieces'}"
+                for name, t in trees.items()
+            )
+            + ".\n"
+        )
     return out
 
 
@@ -484,6 +534,9 @@ def render_summary(res: dict) -> str:
                     c.get("gb_s"),
                     c.get("ratio_vs_base"),
                     c.get("ratio_vs_pinned"),
+                    fmt(c.get("median_s"), 3),
+                    fmt(c.get("min_s"), 3),
+                    fmt(c.get("time_ratio_best"), 3),
                 ]
             )
         rows.append(
@@ -494,6 +547,9 @@ def render_summary(res: dict) -> str:
                 tp.get("pinned_gb_s"),
                 None,
                 1.0,
+                None,
+                None,
+                None,
             ]
         )
         rows.append(
@@ -504,9 +560,13 @@ def render_summary(res: dict) -> str:
                 tp.get("pageable_gb_s"),
                 None,
                 common.ratio(tp.get("pageable_gib_s"), tp.get("pinned_gib_s")),
+                None,
+                None,
+                None,
             ]
         )
-        out.append(md_table(["config", "tree", "GiB/s", "GB/s", "× base", "× pinned"], rows))
+        headers = ["config", "tree", "GiB/s", "GB/s", "× base", "× pinned", "median s"]
+        out.append(md_table([*headers, "best s", "time × base, best rounds"], rows))
         out.append(
             "\nRetention check of borrowed tensors: series COPY=0 throughput with the check"
             f" / without it = **{fmt(tp.get('retention_check_ratio'), 3)}**.\n"
@@ -558,7 +618,7 @@ def render_summary(res: dict) -> str:
             out.append(f"\nNot run: {label}")
         out.append("")
 
-    out += render_pieces(res)
+    out += render_bound(res)
     pr = res.get("pinned_read", {})
     if pr.get("methods"):
         out.append(
@@ -693,6 +753,7 @@ def render_summary(res: dict) -> str:
                 label,
                 c.get("tree"),
                 c.get("median_s"),
+                c.get("min_s"),
                 fmt(c.get("ratio_vs_base"), 3),
                 fmt(c.get("ratio_best"), 3),
                 c.get("base", "–"),
@@ -708,6 +769,7 @@ def render_summary(res: dict) -> str:
                     "config",
                     "tree",
                     "seconds",
+                    "best s",
                     "× base",
                     "× base, best rounds",
                     "base",

@@ -30,27 +30,42 @@ interleaved between the workers, and the report:
   real_writer  a Qwen3-MoE written by transformers, bitwise, in every loader
                mode (kept or compared inline, bound, pinned staging, priority)
   throughput   ~8 GiB from tmpfs: base, series COPY=1/0, COPY=0 without the
-               retention check (its cost), an A/A repeat, pinned H2D ceiling
+               retention check (its cost), an A/A repeat, pinned H2D ceiling;
+               at least 10 interleaved rounds, median and best round x base
   staging      the same + one 1 GiB tensor, 64 MiB bound: pageable fallback
                against pinned staging, time x unbounded, ring, peak memory
   heavy        43 % of the bytes above the bound: the same comparison
   deferred     layerwise online processing, whole and as rank 0 of 8 (TP-like)
   pinned_read  one 1 GiB tensor to the GPU: pageable, and the pinned reader
                over threads x chunk sizes (which default is fastest)
-  many         116,000 tensors of 16 KiB in 100 shards: base, series options
-               unset, copy false, borrowed with a consumer that keeps a tensor
-               it owns, bounded, bounded + pinned staging (seconds, x base,
-               first tensor, us per tensor); the retention check's cost with
-               that consumer at stack depth 1 and 60 (20 of the shards)
+  many         116,000 tensors of 16 KiB in 100 shards, 4 interleaved rounds
+               (``--many-rounds``): base, series options unset (copy) and
+               copy false (borrowed): seconds, median and best round x base,
+               first tensor, us per tensor.  ``--many-configs all`` adds
+               borrowed with a consumer that keeps a tensor it owns, bounded,
+               bounded + pinned staging, the base at the bound, and the
+               retention check's cost with that consumer at stack depth 1 and
+               60 (20 of the shards)
   tuning       InstantTensor's own knobs (skipped unless ``--skip`` omits it)
-  pieces       tensors above a quarter of the bound in pieces against whole,
-               side by side, staging and heavy checkpoints, at the 64 MiB bound
-               and at twice the largest tensor, unbounded in the same run:
-               time x unbound, ring, peak GPU and host memory (skipped unless
-               selected: ``--only pieces``)
+  bound        the series (tensors above ``instanttensor_buffer_size`` B on
+               CPU, the others whole through InstantTensor's ring of B)
+               against the series with pieces (the bundle's optional
+               ``pieces`` tree, v4-style: scripts/device/add_tree.sh), rows
+               interleaved, staging and heavy checkpoints, B = 64 and 256 MiB,
+               copy and borrowed, pinned staging on, each tree unbounded, and
+               the series at the geometry rule's B (twice the largest tensor
+               that stays on the GPU): load time (median, best of 5 rounds),
+               x the same tree unbounded, x pieces, ring, peak extra GPU memory
+               (mem_get_info after every tensor), every tensor bitwise
+               (skipped unless selected: ``--only bound``)
 
 ``--only many`` runs one benchmark alone (no tests; only its checkpoint is
-written): ``bash scripts/device/run_all.sh --only many``, about 4 minutes.
+written): ``bash scripts/device/run_all.sh --only many``, about 3 minutes.
+
+The bound comparison with the tests and the other phases, in one call of
+about 470 s (a 540 s budget; PHASE_SECONDS says where it goes):
+
+  bash scripts/device/run_all.sh --only tests,bound,deferred,many,throughput --budget 540
 """
 
 from __future__ import annotations
@@ -391,27 +406,40 @@ PRIORITY = ["model.embed_tokens.", "lm_head."]
 # The staging bound of the bounded benchmarks, the real-writer check's, and
 # the parameters of the processed layer (``--small``: scaled down with the
 # checkpoints, so that the same tensors fall back to CPU).
-SIZES = {"bound": 64 * common.MiB, "real_bound": 32 * common.MiB, "layer_shape": [4096, 4096]}
-SMALL_SIZES = {"bound": common.MiB, "real_bound": common.MiB // 2, "layer_shape": [256, 256]}
+SIZES = {
+    "bound": 64 * common.MiB,
+    "bound_large": 256 * common.MiB,
+    "real_bound": 32 * common.MiB,
+    "layer_shape": [4096, 4096],
+}
+SMALL_SIZES = {
+    "bound": common.MiB,
+    "bound_large": 2 * common.MiB,
+    "real_bound": common.MiB // 2,
+    "layer_shape": [256, 256],
+}
 
 # Each benchmark's share of the budget (seconds): a phase stops starting new
 # rounds when its share is spent, so that the later ones still run.  With
 # ``--small`` (CPU tests on a shared machine) the shares are SMALL_SCALE times
-# as long: there the budget alone bounds the run.  On the H200 the tests take
-# about 170 s, the other benchmarks about 130 s with these shares, and a round
-# of ``many`` about 50 s: the budget leaves ``many`` two or three rounds
-# (``--only many``: three).
+# as long: there the budget alone bounds the run.  On the H200 (v5 run) the
+# tests took 122 s (series 88, negative control 34), a throughput round
+# 1.7 s, a bounded load 0.3-0.9 s, and a ``many`` row 11.6 s a load; a
+# verified load reads the checkpoint once per worker (4 s), then 0.5 s.
+# ``--only tests,bound,deferred,many,throughput --budget 540``: tests ~125 s,
+# throughput ~35, bound ~100, deferred ~35, many 4 rounds of the three mode
+# rows ~150: about 460 s of the 540.
 SMALL_SCALE = 4
 PHASE_SECONDS = {
     "real_writer": 25,
-    "throughput": 30,
+    "throughput": 40,
     "staging": 50,
     "heavy": 50,
     "deferred": 40,
     "pinned_read": 25,
     "many": 160,
     "tuning": 30,
-    "pieces": 120,
+    "bound": 120,
 }
 # The checkpoints, in the order they are written, and those each phase reads
 # (staging and heavy link synthetic's shards).
@@ -425,20 +453,21 @@ CHECKPOINTS = {
     "pinned_read": ["synthetic", "staging"],
     "many": ["many"],
     "tuning": ["synthetic"],
-    "pieces": ["synthetic", "staging", "heavy"],
+    "bound": ["synthetic", "staging", "heavy"],
 }
 
 
-def runnable(run: Run, configs: list, out: dict) -> list:
+def runnable(run: Run, configs: list, out: dict, W: dict | None = None) -> list:
     """The configurations this bundle can run.  Without a series (a smoke
     run, the series rows on the base tree) the ones that need the series'
-    loader settings are listed under ``not_run`` instead."""
-    if run.series_mode:
-        return configs
+    loader settings are listed under ``not_run`` instead, and so are those
+    of a tree the bundle lacks (``W``: the workers, when given)."""
     keep = []
     for config in configs:
         label, wname, kw = config[0], config[1], config[2]
-        if wname == "series" and kw.get("extra"):
+        if W is not None and wname not in W:
+            out.setdefault("not_run", []).append(f"{label} (the bundle has no {wname} tree)")
+        elif not run.series_mode and wname == "series" and kw.get("extra"):
             out.setdefault("not_run", []).append(f"{label} (needs the series)")
         else:
             keep.append(config)
@@ -448,15 +477,16 @@ def runnable(run: Run, configs: list, out: dict) -> list:
 ROUND_STARTED: dict[str, float] = {}
 
 
-def phase_over(run: Run, until: float, name: str, out: dict, rnd: int) -> bool:
+def phase_over(run: Run, until: float, name: str, out: dict, rnd: int, min_rounds: int = 0) -> bool:
     """Whether a phase must stop starting rounds: its share of the budget is
-    spent, or a round as long as the last one would leave less than 45 s of
-    the budget.  The medians then rest on fewer rounds, which
-    ``out["rounds"]`` says; a phase that timed nothing is a problem."""
+    spent (after ``min_rounds`` rounds), or a round as long as the last one
+    would leave less than 45 s of the budget.  The medians then rest on
+    fewer rounds, which ``out["rounds"]`` says; a phase that timed nothing
+    is a problem."""
     now = time.monotonic()
     last_round = now - ROUND_STARTED[name] if rnd else 0.0
     ROUND_STARTED[name] = now
-    if now < until and run.left() - last_round >= 45:
+    if (now < until or rnd < min_rounds) and run.left() - last_round >= 45:
         return False
     why = "its share of the budget" if now >= until else "the time budget"
     run.log(f"{name}: stopped before round {rnd + 1} of {out['repeats']} ({why} spent)")
@@ -481,11 +511,16 @@ def verified_load(run: Run, W: dict, phase: str, label: str, wname: str, kw: dic
     return r
 
 
+THROUGHPUT_MIN_ROUNDS = 10  # past the phase's share, while the budget allows
+
+
 def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) -> dict:
     """Interleaved rounds: base, series COPY=1/0, COPY=0 without the retention
     check (its cost), an A/A repeat of the base (its ratio to the base is the
     noise floor of the comparison), vLLM's plain safetensors path (first
-    rounds only) and the pinned 1 GiB H2D ceiling."""
+    rounds only) and the pinned 1 GiB H2D ceiling.  At least
+    ``THROUGHPUT_MIN_ROUNDS`` rounds (``repeats`` permitting) even past the
+    phase's share; each row's median and best round against the base's."""
     folder = ck["synthetic"]["dir"]
     configs = [
         ("base InstantTensor", "base", {"format": IT, "env": {}}),
@@ -518,7 +553,7 @@ def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) ->
     schedule = [*configs, ("pinned", "base", None)]
     for rnd, (label, wname, kw) in interleaved(schedule, repeats):
         if label == schedule[rnd % len(schedule)][0]:
-            if phase_over(run, until, "throughput", out, rnd):
+            if phase_over(run, until, "throughput", out, rnd, THROUGHPUT_MIN_ROUNDS):
                 break
             out["rounds"] = rnd + 1
         if kw is not None and kw["format"] == "safetensors" and rnd >= SLOW_REPEATS:
@@ -542,9 +577,11 @@ def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) ->
         s["verify"] = verify.get(label, verify.get("base InstantTensor"))
         s["ratio_vs_pinned"] = common.ratio(s["gib_s"], out["pinned_gib_s"])
         out["configs"][label] = s
-    base_rate = out["configs"]["base InstantTensor"]["gib_s"]
+    base = out["configs"]["base InstantTensor"]
     for s in out["configs"].values():
-        s["ratio_vs_base"] = common.ratio(s["gib_s"], base_rate)
+        s["ratio_vs_base"] = common.ratio(s["gib_s"], base["gib_s"])
+        # Time, best round against the base's best round (interference only adds time).
+        s["time_ratio_best"] = common.ratio(s["min_s"], base["min_s"])
     # Below 1: the check costs that fraction of the borrowed-mode throughput.
     out["retention_check_ratio"] = common.ratio(
         out["configs"]["series COPY=0"]["gib_s"],
@@ -584,7 +621,13 @@ BOUNDED_REPEATS = 3  # timed rounds of the bounded benchmarks
 
 
 def bench_bounded(
-    run: Run, W: dict, ck: dict, kind: str, until: float, configs: list | None = None
+    run: Run,
+    W: dict,
+    ck: dict,
+    kind: str,
+    until: float,
+    configs: list | None = None,
+    repeats: int = BOUNDED_REPEATS,
 ) -> dict:
     """A staging bound (``SIZES["bound"]``): base and series, unbounded,
     bounded with the pageable CPU fallback, bounded with pinned staging.  One
@@ -599,11 +642,11 @@ def bench_bounded(
         "checkpoint_gib": info["payload_bytes"] / common.GiB,
         "big_tensor": info.get("big_tensor"),
         "oversized_fraction": info.get("oversized_fraction"),
-        "repeats": BOUNDED_REPEATS,
+        "repeats": repeats,
         "rounds": 0,
         "configs": {},
     }
-    configs = runnable(run, configs or bounded_configs(kind), out)
+    configs = runnable(run, configs or bounded_configs(kind), out, W)
     runs: dict[str, list] = {label: [] for label, _, _ in configs}
     verify = {}
     for label, wname, kw in configs:
@@ -611,13 +654,13 @@ def bench_bounded(
         verify[label] = {k: r.get(k) for k in (*VERIFY_KEYS, "warnings", "readers")}
         runs[label].append(r)
     timed: dict[str, list] = {label: [] for label, _, _ in configs}
-    for rnd, (label, wname, kw) in interleaved(configs, BOUNDED_REPEATS):
+    for rnd, (label, wname, kw) in interleaved(configs, repeats):
         if label == configs[rnd % len(configs)][0]:
             if phase_over(run, until, kind, out, rnd):
                 break
             out["rounds"] = rnd + 1
         timed[label].append(W[wname].call("load", dir=folder, **kw))
-    for label, wname, _ in configs:
+    for label, wname, kw in configs:
         s = report.summarise_loads(timed[label] or runs[label])
         everything = [r for r in runs[label] + timed[label] if "error" not in r]
         s["peak_used_delta"] = max((r["peak_used_delta"] for r in everything), default=None)
@@ -626,50 +669,95 @@ def bench_bounded(
         rings = [rd["buffer_size"] for r in everything for rd in r.get("readers", [])]
         s["ring_bytes"] = max(rings, default=None)
         s["tree"] = W[wname].tree_label
+        s["tree_has_pieces"] = any(r.get("tree_has_pieces") for r in everything)
         s["verify"] = verify[label]
+        s["bound_bytes"] = (kw.get("extra") or {}).get("instanttensor_buffer_size")
         out["configs"][label] = s
     for label, s in out["configs"].items():
         unbound = out["configs"].get(f"{label.split()[0]} unbound", {})
         s["ratio_vs_unbound"] = common.ratio(s["median_s"], unbound.get("median_s"))
+        s["ratio_best_vs_unbound"] = common.ratio(s["min_s"], unbound.get("min_s"))
     return out
 
 
-def pieces_configs(kind: str, largest: int) -> list:
-    """Tensors above a quarter of the bound streamed in pieces against the
-    series' bounded path before pieces (worker op ``load``, ``pieces="off"``),
-    side by side: at the 64 MiB bound and at twice the checkpoint's largest
-    tensor, pinned staging on, and unbounded.  On the staging checkpoint also
-    borrowed mode and the piece size (bound / 2 and bound / 8); on the heavy
-    one the pinned reader's threads beside InstantTensor's (8 and 24)."""
-    rows = [("series unbound", "series", {"env": {}})]
-    for label, bound in (("bound", SIZES["bound"]), ("2x largest", 2 * largest)):
-        kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(bound)}, "extra": PINNED}
-        rows.append((f"series {label}, whole tensors", "series", {**kw, "pieces": "off"}))
-        rows.append((f"series {label}, pieces", "series", kw))
-    if kind == "staging":
-        kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}, "extra": PINNED}
-        borrowed = {**PINNED, "instanttensor_copy": False}
-        rows.append(("series bound, pieces, borrowed", "series", {**kw, "extra": borrowed}))
-        for n in (2, 8):
-            rows.append((f"series bound, pieces of bound/{n}", "series", {**kw, "pieces": n}))
-    else:
-        kw = {"env": {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}}
-        for n in (8, 24):
-            extra = {**PINNED, "instanttensor_read_threads": n}
-            label = f"series bound, pieces, {n} read threads"
-            rows.append((label, "series", {**kw, "extra": extra}))
+# The bound phase: the series as it is (tensors above the bound on CPU, the
+# others whole through InstantTensor's ring of the bound) against the series
+# with "large tensors stream through a bounded ring in pieces" (v4/v5, the
+# bundle's optional ``pieces`` tree: scripts/device/add_tree.sh).
+BOUND_TREES = ("series", "pieces")
+BOUND_PHASE_REPEATS = 5
+
+
+size_label = report.size_label
+
+
+def bound_configs(kind: str, geometry: int) -> list:
+    """Rows of the ``bound`` phase on one checkpoint: each tree unbounded; at
+    ``SIZES["bound"]`` and ``SIZES["bound_large"]`` (loader option
+    ``instanttensor_buffer_size``, pinned staging on), copy and borrowed
+    (``instanttensor_copy`` false), the two trees side by side; and the
+    series at the geometry rule's bound (``common.geometry_bound``: twice
+    the largest tensor that stays on the GPU), copy mode.  A row's first
+    word is its tree (its ``time x unbound`` is against that tree's)."""
+    rows = [(f"{tree} unbound", tree, {"env": {}}) for tree in BOUND_TREES]
+
+    def bounded(tree: str, bound: int, copy: bool, note: str = "") -> tuple:
+        extra = {**PINNED, "instanttensor_buffer_size": bound}
+        if not copy:
+            extra["instanttensor_copy"] = False
+        mode = "copy" if copy else "borrowed"
+        return (f"{tree} {size_label(bound)}{note}, {mode}", tree, {"env": {}, "extra": extra})
+
+    for bound in (SIZES["bound"], SIZES["bound_large"]):
+        for copy in (True, False):
+            rows += [bounded(tree, bound, copy) for tree in BOUND_TREES]
+    rows.append(bounded("series", geometry, True, " (geometry rule)"))
     return rows
 
 
-def bench_pieces(run: Run, W: dict, ck: dict, until: float) -> dict:
-    """``pieces_configs`` on the staging, then the heavy checkpoint (half the
-    phase's time each), through ``bench_bounded``."""
-    out = {}
+def bench_bound(run: Run, W: dict, ck: dict, until: float) -> dict:
+    """``bound_configs`` on the staging, then the heavy checkpoint (half the
+    phase's time each), through ``bench_bounded``: one verified load per row
+    (every tensor bitwise), then ``BOUND_PHASE_REPEATS`` interleaved rounds;
+    median and best round, each x the same tree unbounded, ring, peak extra
+    GPU memory (mem_get_info after every tensor), peak host memory.  Each
+    series row is also compared with the pieces row of the same bound and
+    mode (``x pieces``: time, median and best)."""
+    out: dict = {"trees": {}}
+    for tree in BOUND_TREES:
+        if tree in W and not W[tree].dead:
+            info = W[tree].call("info")
+            out["trees"][tree] = {"has_pieces": info.get("has_pieces")}
+    if "pieces" not in W:
+        run.problem(
+            "bound: the bundle has no pieces tree (the series with pieces); its rows are"
+            " not run (bash scripts/device/add_tree.sh adds it to .device)"
+        )
+    elif out["trees"].get("pieces", {}).get("has_pieces") is False:
+        run.problem("bound: the bundle's pieces tree does not stream tensors in pieces")
     for i, kind in enumerate(("staging", "heavy")):
         now = time.monotonic()
         share = now + (until - now) / (2 - i)
-        largest = ck[kind]["largest_tensor_bytes"]
-        out[kind] = bench_bounded(run, W, ck, kind, share, pieces_configs(kind, largest))
+        info = ck[kind]
+        sizes = common.tensor_sizes([str(Path(info["dir"]) / f) for f in info["files"]])
+        geometry, largest_on_gpu = common.geometry_bound(sizes.values())
+        configs = bound_configs(kind, geometry)
+        st = bench_bounded(run, W, ck, kind, share, configs, BOUND_PHASE_REPEATS)
+        st["bound_bytes"] = SIZES["bound"]
+        st["bounds"] = [SIZES["bound"], SIZES["bound_large"], geometry]
+        st["geometry"] = {"bound_bytes": geometry, "largest_on_gpu_bytes": largest_on_gpu}
+        st["largest_tensor_bytes"] = max(sizes.values())
+        for label, c in st["configs"].items():
+            if label.startswith("series ") and "geometry" not in label:
+                old = st["configs"].get("pieces " + label.partition(" ")[2], {})
+                c["ratio_vs_pieces"] = common.ratio(c["median_s"], old.get("median_s"))
+                c["ratio_best_vs_pieces"] = common.ratio(c["min_s"], old.get("min_s"))
+            bound = c.get("bound_bytes")
+            if bound and c.get("ring_bytes") and c["ring_bytes"] > bound:
+                run.problem(
+                    f"bound {kind} {label}: ring {c['ring_bytes']} bytes above the bound {bound}"
+                )
+        out[kind] = st
     return out
 
 
@@ -816,6 +904,10 @@ def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
 MANY_REPEATS = 4
 BASE_BOUND = "base release, INSTANTTENSOR_BUFFER_SIZE at the bound"
 COPY_FALSE = {"instanttensor_copy": False}
+# The rows ``many`` runs unless ``--many-configs`` names others ("all": every
+# row of ``many_configs``): the base and the series in copy and borrowed mode,
+# 35 s a round on the H200, so that four rounds fit beside the other phases.
+MANY_MODES = ("base release", "series, options unset", "series, instanttensor_copy: false")
 
 
 def many_configs(ck: dict) -> list:
@@ -850,7 +942,9 @@ def bench_many(
     """Many small tensors through DefaultModelLoader (worker op ``stream``:
     each tensor copied into its preallocated GPU parameter), every
     configuration interleaved with the base round by round; medians of the
-    load time, the time to the first tensor and the time per tensor.  The
+    load time, the time to the first tensor and the time per tensor, and
+    each row's median and best round against the base's.  ``only``: the
+    rows, ';'-separated (default ``MANY_MODES``; "all": every row).  The
     retention check's cost is each ``check cost`` row's time with the check
     over its time without."""
     info = ck["many"]
@@ -864,7 +958,8 @@ def bench_many(
         "rounds": 0,
         "configs": {},
     }
-    configs = [c for c in many_configs(ck) if only is None or c[0] in only.split(";")]
+    rows = MANY_MODES if only is None else None if only == "all" else only.split(";")
+    configs = [c for c in many_configs(ck) if rows is None or c[0] in rows]
     configs = runnable(run, configs, out)
     runs: dict[str, list] = {label: [] for label, _, _ in configs}
     for rnd, (label, wname, kw) in interleaved(configs, repeats):
@@ -984,7 +1079,8 @@ def main() -> int:
     )
     parser.add_argument(
         "--many-configs",
-        help="';'-separated labels of the many-tensor rows to run (default: all)",
+        help="';'-separated labels of the many-tensor rows to run, or 'all' (default: the"
+        " base, the series in copy and borrowed mode)",
     )
     parser.add_argument(
         "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: tooling tests only"
@@ -992,9 +1088,9 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="tiny checkpoints (tests)")
     parser.add_argument(
         "--skip",
-        default="tuning,pieces",
+        default="tuning,bound",
         help="comma-separated phases to skip (default: tuning, InstantTensor's own knobs,"
-        " and pieces)",
+        " and bound, which needs the bundle's pieces tree)",
     )
     parser.add_argument(
         "--only",
@@ -1044,6 +1140,10 @@ def main() -> int:
         )
     }
     res["bundle"]["wheels"] = [w["file"] for w in bundle["wheels"]]
+    res["bundle"]["trees"] = {
+        name: {k: v for k, v in tree.items() if k in ("patches", "commit", "overlay_of")}
+        for name, tree in bundle["trees"].items()
+    }
     run.log(f"qualification run, mode {res['mode']}, budget {args.budget:.0f} s")
     workers: dict[str, Worker] = {}
     gen = None
@@ -1071,10 +1171,21 @@ def main() -> int:
                 run.problem("wheel install failed (see run.log)")
         else:
             run.log("the bundle has no wheels: nothing to install")
+        # The trees this run needs: the base and the series; the negative
+        # controls' for the tests and the deferred rows; the pieces tree (the
+        # series with pieces, optional) for the bound phase alone.
+        controls = bundle.get("negative_controls", []) if series_mode else []
+        control_trees = {ctl["tree"] for ctl in controls}
+        wanted = {"base", "series"}
+        if not {"tests", "deferred"} <= skip:
+            wanted |= control_trees
+        if "bound" not in skip:
+            wanted.add("pieces")
         trees: dict[str, Path] = {}
         t0 = time.monotonic()
         for name in bundle["trees"]:
-            trees[name] = common.unpack_tree(bundle_dir, bundle, name, work / "trees" / name)
+            if name in wanted:
+                trees[name] = common.unpack_tree(bundle_dir, bundle, name, work / "trees" / name)
         res["phases"]["unpack trees"] = {
             "seconds": round(time.monotonic() - t0, 1),
             "trees": sorted(trees),
@@ -1093,10 +1204,13 @@ def main() -> int:
         gen = subprocess.Popen(
             gen_cmd, stdout=gen_log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        controls = bundle.get("negative_controls", []) if series_mode else []
+        # One worker per tree a benchmark uses: the pieces tree's only for
+        # the bound phase, the controls' only for the deferred rows.
         for name, tree in trees.items():
-            if "bench" in skip:
-                break
+            if name in control_trees and "deferred" in skip:
+                continue
+            if name == "pieces" and "bound" in skip:
+                continue
             workers[name] = Worker(run, name, tree, site, args.device)
         W = dict(workers)
         if not series_mode and "base" in W:
@@ -1193,7 +1307,7 @@ def main() -> int:
                 ("heavy", "heavy", lambda until: bench_bounded(run, W, ck, "heavy", until)),
                 ("deferred", "layered", lambda until: bench_deferred(run, W, ck, controls, until)),
                 ("pinned_read", "staging", lambda until: bench_pinned_read(run, W, ck)),
-                ("pieces", "heavy", lambda until: bench_pieces(run, W, ck, until)),
+                ("bound", "heavy", lambda until: bench_bound(run, W, ck, until)),
                 (
                     "many",
                     "many",
@@ -1298,6 +1412,13 @@ def check_semantics(run: Run, res: dict, series_mode: bool) -> None:
         c = res.get(kind, {}).get("configs", {}).get("series bound, pinned staging", {})
         if c and on_gpu and not c.get("cpu_n"):
             run.problem(f"{kind} series bound, pinned staging: no tensor fell back to CPU")
+    for kind in ("staging", "heavy"):
+        for label, c in res.get("bound", {}).get(kind, {}).get("configs", {}).items():
+            if on_gpu and c.get("bound_bytes") and c.get("runs") and not c.get("cpu_n"):
+                run.problem(f"bound {kind} {label}: no tensor fell back to CPU")
+            borrowed = "borrowed" in label and label.startswith("series")
+            if borrowed and c.get("runs") and c.get("copy_args") not in ([], ["False"]):
+                run.problem(f"bound {kind} {label}: InstantTensor copy={c['copy_args']}")
     pr = res.get("pinned_read", {})
     for label, m in pr.get("methods", {}).items():
         if on_gpu and "pinned reader" in label and not m.get("is_pinned"):
@@ -1366,6 +1487,8 @@ def print_table(res: dict) -> None:
         print(
             f"tp {label:<36} {fmt(c.get('gib_s'))} GiB/s  x base "
             f"{fmt(c.get('ratio_vs_base'))}  x pinned {fmt(c.get('ratio_vs_pinned'))}"
+            f"  median {fmt(c.get('median_s'), 3)} s best {fmt(c.get('min_s'), 3)} s"
+            f" (x base {fmt(c.get('time_ratio_best'), 3)}) n={c.get('runs')}"
         )
     if tp:
         print(
@@ -1381,6 +1504,16 @@ def print_table(res: dict) -> None:
                 f"{fmt(c.get('ratio_vs_unbound'))} ring {mib(c.get('ring_bytes'))} MiB peak "
                 f"{mib(c.get('peak_used_delta'))} MiB cpu {mib(c.get('cpu_bytes'))} MiB @ "
                 f"{fmt(c.get('cpu_gb_s'))} GB/s"
+            )
+    for kind in ("staging", "heavy"):
+        for label, c in res.get("bound", {}).get(kind, {}).get("configs", {}).items():
+            print(
+                f"bound {kind} {label:<38} {fmt(c.get('median_s'), 3)} s best"
+                f" {fmt(c.get('min_s'), 3)} x unbound {fmt(c.get('ratio_vs_unbound'))}"
+                f" ({fmt(c.get('ratio_best_vs_unbound'))}) x pieces"
+                f" {fmt(c.get('ratio_vs_pieces'))} ring {mib(c.get('ring_bytes'))} MiB peak"
+                f" {mib(c.get('peak_used_delta'))} MiB mismatches"
+                f" {(c.get('verify') or {}).get('n_mismatches')}"
             )
     peaks = res.get("deferred", {}).get("processing_peak", {})
     if peaks:
@@ -1411,7 +1544,8 @@ def print_table(res: dict) -> None:
     many = res.get("many", {})
     for label, c in many.get("configs", {}).items():
         print(
-            f"many {label:<50} {fmt(c.get('median_s'))} s x base {fmt(c.get('ratio_vs_base'), 3)}"
+            f"many {label:<50} {fmt(c.get('median_s'))} s (best {fmt(c.get('min_s'))}) x base"
+            f" {fmt(c.get('ratio_vs_base'), 3)} (best {fmt(c.get('ratio_best'), 3)})"
             f" first {fmt(c.get('first_tensor_s'))} s {fmt(c.get('us_per_tensor'), 1)} us/tensor"
             + (f" check on/off {fmt(c['check_ratio'], 3)}" if "check_ratio" in c else "")
         )

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 READERS: list[dict] = []
-STATE: dict = {"dests_dir": None, "dests": None}
+STATE: dict = {"dests_dir": None, "dests": None, "refs_dir": None, "refs": None}
 
 # "cuda" on the GPU machine.  "cpu" exists for the tooling tests only: it runs
 # the same code paths on CPU with a stand-in instanttensor module, so a broken
@@ -155,6 +155,7 @@ def dests_for(folder: str) -> dict:
     """Preallocated GPU parameters for a checkpoint (one checkpoint at a time):
     the consumer copies every yielded tensor into its parameter, as a weight
     loader does, so GPU and CPU-fallback tensors pay the same final copy."""
+    drop_references(keep=folder)
     if STATE["dests_dir"] != folder:
         STATE["dests"] = None
         empty_cache()
@@ -192,19 +193,26 @@ def host_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+PIECES_NAMES = ("_pieced_tensors", "PIECES_PER_RING", "_open_in_pieces")
+
+
+def has_pieces() -> bool:
+    """Whether this tree streams large tensors in pieces (the v4/v5 series with
+    "large tensors stream through a bounded ring in pieces"): the series
+    after it dropped that patch, and the base, have none of its names."""
+    return all(hasattr(weight_utils, name) for name in PIECES_NAMES)
+
+
 @contextlib.contextmanager
 def pieces(setting):
-    """How the series streams tensors above a quarter of the bound: ``"off"``
-    whole (its bounded path before pieces), an int n in pieces of at most the
-    bound // n, ``None`` as the tree does.  A tree without pieces is left as
-    it is; yields whether the setting was applied."""
-    saved = (
-        getattr(weight_utils, "_pieced_tensors", None),
-        getattr(weight_utils, "PIECES_PER_RING", None),
-    )
-    if setting is None or saved[0] is None:
+    """How a tree with pieces streams tensors above a quarter of the bound:
+    ``"off"`` whole (its bounded path before pieces), an int n in pieces of at
+    most the bound // n, ``None`` as the tree does.  A tree without pieces
+    (``has_pieces``) is left as it is; yields whether the setting was applied."""
+    if setting is None or not has_pieces():
         yield False
         return
+    saved = (weight_utils._pieced_tensors, weight_utils.PIECES_PER_RING)
     if setting == "off":
         weight_utils._pieced_tensors = lambda shards, names, buffer_size: {}
     else:
@@ -220,6 +228,28 @@ def reference_tensor(path: str, name: str):
 
     with safe_open(path, framework="pt", device="cpu") as f:
         return f.get_tensor(name)
+
+
+def references(folder: str) -> dict:
+    """name -> the file's tensor as safetensors reads it, on the device, for
+    one checkpoint at a time: read once per worker and checkpoint, so that
+    every verified load of a checkpoint compares each tensor, bitwise, with
+    the file's bytes without reading the file again (9 GiB a time)."""
+    if STATE.get("refs_dir") != folder:
+        STATE["refs"] = None
+        empty_cache()
+        STATE["refs"] = {
+            name: reference_tensor(path, name).to(DEVICE)
+            for name, (path, _shape, _dtype) in headers(folder).items()
+        }
+        STATE["refs_dir"] = folder
+    return STATE["refs"]
+
+
+def drop_references(keep: str | None = None) -> None:
+    if STATE.get("refs_dir") not in (None, keep):
+        STATE["refs"] = STATE["refs_dir"] = None
+        empty_cache()
 
 
 # --- operations ------------------------------------------------------------------
@@ -240,6 +270,7 @@ def op_info(cmd: dict) -> dict:
 
     return {
         "vllm_file": vllm.__file__,
+        "has_pieces": has_pieces(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if on_gpu else None,
@@ -370,6 +401,7 @@ def op_load(cmd: dict) -> dict:
         "cpu_seconds": cpu_seconds,
         "retention_check_off": check_off,
         "pieces_set": pieces_set,
+        "tree_has_pieces": has_pieces(),
         "peak_host_delta": peak_host - host0,
         "peak_used_delta": peak_used - used0,
         "torch_peak_delta": max_allocated() - alloc0,
@@ -381,16 +413,15 @@ def op_load(cmd: dict) -> dict:
     }
     if verify:
         bad = []
-        for name, (path, _shape, _dtype) in headers(folder).items():
-            ref = reference_tensor(path, name).to(DEVICE)
-            dest = dests[name]
+        refs = references(folder)
+        for name in headers(folder):
+            ref, dest = refs[name], dests[name]
             if (
                 ref.dtype != dest.dtype
                 or ref.shape != dest.shape
                 or not torch.equal(as_bytes(ref), as_bytes(dest))
             ):
                 bad.append(name)
-            del ref
         result["mismatches"] = bad[:20]
         result["n_mismatches"] = len(bad)
     return result
@@ -1054,6 +1085,8 @@ def main() -> int:
             send({"bye": True})
             break
         t1 = time.perf_counter()
+        if cmd["op"] not in ("load", "info"):
+            drop_references()  # only verified loads use them
         try:
             result = OPS[cmd["op"]](cmd)
         except Exception:

@@ -579,7 +579,7 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
     proc, res = run_all(bundle_dir, tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:]  # CUDA tests skipped on CPU
     assert res["mode"] == "base-only smoke"
-    assert res["skipped_phases"] == ["pieces", "tuning"] and "tuning" not in res
+    assert res["skipped_phases"] == ["bound", "tuning"] and "tuning" not in res
     smoke = res["tests"]["smoke (base tree)"]
     assert smoke["totals"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 2}
     assert [p for p in res["problems"] if "skipped" not in p and "plot" not in p] == []
@@ -602,14 +602,9 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
     assert {c["tp"] for c in res["deferred"]["configs"].values()} == {1, 8}
     assert res["pinned_read"]["pinned_reader"] == "absent from this tree"
     many = res["many"]
-    bound = run_all_module().BASE_BOUND
-    assert set(many["configs"]) == {
-        "base release",
-        "series, options unset",
-        "series bound",
-        bound,
-    }
-    assert len(many["not_run"]) == 7 and all(c["runs"] for c in many["configs"].values())
+    assert set(many["configs"]) == {"base release", "series, options unset"}
+    assert many["not_run"] == ["series, instanttensor_copy: false (needs the series)"]
+    assert all(c["runs"] for c in many["configs"].values())
     assert "SMOKE RUN" in (tmp_path / "out" / "summary.md").read_text()
 
 
@@ -675,7 +670,7 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     values whole and TP-like); the report has every target, and the GPU
     test phase is skipped (tests run in test-series)."""
     pytest.importorskip("transformers")
-    proc, res = run_all(series_bundle, tmp_path, "--skip", "tests,tuning")
+    proc, res = run_all(series_bundle, tmp_path, "--skip", "tests,tuning,bound")
     assert res["mode"] == "series"
     assert [p for p in res["problems"] if "plot" not in p] == [], proc.stdout[-3000:]
     assert proc.returncode == 0 and res["status"] == "pass"
@@ -736,11 +731,15 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
 
     rounds = run_all_module().MANY_REPEATS
     assert res["many"]["rounds"] == rounds and "not_run" not in res["many"]
+    assert list(res["many"]["configs"]) == list(run_all_module().MANY_MODES)
     assert all(c["runs"] == rounds for c in res["many"]["configs"].values())
+    assert all(c["ratio_best"] is not None for c in res["many"]["configs"].values())
+    assert res["throughput"]["rounds"] == 1  # --repeats 1
+    assert all(c["time_ratio_best"] is not None for c in tp.values() if c["runs"])
     assert all("first_tensor_s" in p for p in res["many"]["profile_first"].values())
 
     targets = {t["name"]: t for t in res["targets"]}
-    assert len(targets) == 26 and not any("ambitious" in name for name in targets)
+    assert len(targets) == 15 and not any("ambitious" in name for name in targets)
     refused = {k for k, c in deferred.items() if "error" in c}  # borrowed CPU sources, above
     for name, t in targets.items():
         if name.startswith("deferred") and refused:
@@ -763,7 +762,7 @@ def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
     the time to the first tensor, the time per tensor, a ratio to the base
     for each configuration and the retention check's cost at stack depth 1
     and 60, whose "check off" rows really ran without the check."""
-    proc, res = run_all(series_bundle, tmp_path, "--only", "many")
+    proc, res = run_all(series_bundle, tmp_path, "--only", "many", "--many-configs", "all")
     assert [p for p in res["problems"] if "plot" not in p] == [], proc.stdout[-3000:]
     assert proc.returncode == 0 and res["status"] == "pass"
     assert "tests" not in res["phases"] and res["tests"] == {}
@@ -872,27 +871,99 @@ def test_tp2_on_cpu(series_bundle, tmp_path):
     assert {t["name"] for t in res["targets"]} >= {"typical: series bound / base collective"}
 
 
-def test_pieces_phase_alone_on_cpu(series_bundle, tmp_path):
-    """``--only pieces``: the staging and heavy checkpoints, each with whole
-    tensors and pieces side by side at the bound and at twice the largest
-    tensor, unbounded in the same run, every load bitwise; the "whole
-    tensors" rows really ran without pieces, and the targets are stated."""
-    proc, res = run_all(series_bundle, tmp_path, "--only", "pieces")
-    assert [p for p in res["problems"] if "plot" not in p] == [], proc.stdout[-3000:]
-    assert proc.returncode in (0, 1) and set(res["pieces"]) == {"staging", "heavy"}
+def test_geometry_bound_and_bound_rows():
+    """The geometry rule's bound is twice the largest tensor that stays on
+    the GPU at that bound, leaving the largest tensors on CPU; the bound
+    phase's rows put each tree's bounded rows side by side."""
+    mib = common.MiB
+    assert common.geometry_bound([4, 56 * mib, 62 * mib, 1024 * mib]) == (124 * mib, 62 * mib)
+    # 100 MiB is within twice 56 MiB: the rule holds at twice 100 MiB.
+    assert common.geometry_bound([56 * mib, 100 * mib, 1024 * mib]) == (200 * mib, 100 * mib)
+    assert common.geometry_bound([mib, mib]) == (2 * mib, mib)  # all on the GPU
     module = run_all_module()
-    for kind, out in res["pieces"].items():
-        largest = res["checkpoints"][kind]["largest_tensor_bytes"]
-        labels = [label for label, _, _ in module.pieces_configs(kind, largest)]
+    labels = [label for label, _, _ in module.bound_configs("staging", 124 * mib)]
+    assert labels == [
+        "series unbound",
+        "pieces unbound",
+        "series 64 MiB, copy",
+        "pieces 64 MiB, copy",
+        "series 64 MiB, borrowed",
+        "pieces 64 MiB, borrowed",
+        "series 256 MiB, copy",
+        "pieces 256 MiB, copy",
+        "series 256 MiB, borrowed",
+        "pieces 256 MiB, borrowed",
+        "series 124 MiB (geometry rule), copy",
+    ]
+    for label, tree, kw in module.bound_configs("heavy", 124 * mib):
+        assert label.split()[0] == tree
+        extra = kw.get("extra", {})
+        assert ("unbound" in label) == ("instanttensor_buffer_size" not in extra)
+        assert extra.get("instanttensor_copy", True) == ("borrowed" not in label)
+
+
+@pytest.fixture
+def pieces_bundle(series_bundle, tmp_path) -> Path:
+    """The series' bundle with a ``pieces`` tree, as add_tree.sh adds one
+    (here the series itself, which still streams in pieces)."""
+    bundle_dir = tmp_path / ".device-pieces"
+    (bundle_dir / "trees").mkdir(parents=True)
+    (bundle_dir / "wheels").symlink_to(series_bundle / "wheels")
+    bundle = json.loads((series_bundle / "bundle.json").read_text())
+    for tree in bundle["trees"].values():
+        archive = bundle_dir / tree["archive"]
+        archive.symlink_to(series_bundle / tree["archive"])
+    (bundle_dir / "trees" / "pieces.tar.xz").symlink_to(series_bundle / "trees" / "series.tar.xz")
+    bundle["trees"]["pieces"] = {
+        **bundle["trees"]["series"],
+        "archive": "trees/pieces.tar.xz",
+        "commit": "e1378a4",
+    }
+    (bundle_dir / "bundle.json").write_text(json.dumps(bundle, indent=1))
+    return bundle_dir
+
+
+def test_bound_phase_alone_on_cpu(pieces_bundle, tmp_path, monkeypatch):
+    """``--only bound``: the staging and heavy checkpoints, the series and the
+    pieces tree side by side at each bound, copy and borrowed, each tree
+    unbounded, the series at the geometry rule's bound; every row verified
+    bitwise, timed against its own tree unbounded and the series rows
+    against the pieces rows; a worker for the pieces tree, none for the
+    negative control."""
+    proc, res = run_all(pieces_bundle, tmp_path, "--only", "bound")
+    assert [p for p in res["problems"] if "plot" not in p] == [], proc.stdout[-3000:]
+    assert proc.returncode == 0 and res["status"] == "pass"
+    assert res["phases"]["unpack trees"]["trees"] == ["base", "pieces", "series"]
+    assert "worker pieces import" in res["phases"]
+    assert not any(k.startswith("worker before-") for k in res["phases"])
+    module = run_all_module()
+    for key, value in module.SMALL_SIZES.items():  # the labels of --small's bounds
+        monkeypatch.setitem(module.SIZES, key, value)
+    bound = res["bound"]
+    assert bound["trees"] == {"series": {"has_pieces": True}, "pieces": {"has_pieces": True}}
+    for kind in ("staging", "heavy"):
+        out = bound[kind]
+        geometry = out["geometry"]["bound_bytes"]
+        assert geometry == 2 * out["geometry"]["largest_on_gpu_bytes"]
+        assert geometry < out["largest_tensor_bytes"]
+        labels = [label for label, _, _ in module.bound_configs(kind, geometry)]
         assert list(out["configs"]) == labels, kind
+        assert out["rounds"] == module.BOUND_PHASE_REPEATS
         for label, c in out["configs"].items():
-            assert c["verify"]["n_mismatches"] == 0, (kind, label)
+            assert c["tree"] == label.split()[0], (kind, label)
+            assert c["verify"]["n_mismatches"] == 0 and c["verify"]["names_ok"], (kind, label)
+            assert c["runs"] == module.BOUND_PHASE_REPEATS, (kind, label)
             assert c["ratio_vs_unbound"] is not None, (kind, label)
-            assert c["peak_host_delta"] is not None, (kind, label)
-    targets = {t["name"] for t in res["targets"]}
-    assert "staging checkpoint, 64 MiB bound, pieces / unbounded" in targets
-    assert "heavy checkpoint, ring with pieces (MiB)" in targets
-    assert (
-        "## Pieces through the ring: heavy checkpoint"
-        in (tmp_path / "out" / "summary.md").read_text()
-    )
+            assert c["ratio_best_vs_unbound"] is not None, (kind, label)
+            assert c["peak_used_delta"] is not None, (kind, label)
+            if label.startswith("series ") and "geometry" not in label:
+                assert c["ratio_vs_pieces"] is not None, (kind, label)
+            if c["bound_bytes"]:
+                assert c["ring_bytes"] <= c["bound_bytes"], (kind, label)
+                assert c["cpu_n"], (kind, label)  # the big tensors, on CPU
+    targets = {t["name"]: t for t in res["targets"]}
+    assert targets["bound, heavy checkpoint: every row bitwise equal"]["met"]
+    assert targets["bound, staging checkpoint: ring within the bound, every bounded row"]["met"]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Bound: the series against the series with pieces, heavy checkpoint" in summary
+    assert "bound heavy series 1 MiB, borrowed" in proc.stdout
