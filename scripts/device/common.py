@@ -28,9 +28,10 @@ def install_wheels_command(python: str, wheels: list[str], site: Path) -> list[s
 
 
 # Environment variables the benchmarks set per configuration; every other
-# InstantTensor variable is left as the machine has it (unset).
+# InstantTensor variable is left as the machine has it (unset).  Borrowed
+# mode is no variable: the series reads it from the loader option
+# ``instanttensor_copy`` alone.
 MANAGED_ENV = (
-    "INSTANTTENSOR_COPY",
     "INSTANTTENSOR_BUFFER_SIZE",
     "INSTANTTENSOR_CHUNK_SIZE",
     "INSTANTTENSOR_CONCURRENCY",

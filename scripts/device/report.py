@@ -571,6 +571,8 @@ def render_summary(res: dict) -> str:
             "\nRetention check of borrowed tensors: series COPY=0 throughput with the check"
             f" / without it = **{fmt(tp.get('retention_check_ratio'), 3)}**.\n"
         )
+        for label in tp.get("not_run", []):
+            out.append(f"Not run: {label}\n")
 
     for kind, title in (
         ("staging", "same checkpoint + one 1 GiB tensor"),
@@ -646,7 +648,12 @@ def render_summary(res: dict) -> str:
                 f" chunks, {fmt(best.get('gb_s'))} GB/s; the series' default"
                 f" ({default.get('threads')} threads, {mib(default.get('chunk_bytes'))} MiB"
                 f" chunks) {fmt(default.get('gb_s'))} GB/s. Each read makes its own reader,"
-                " as a load does (its arena comes from torch's cache of pinned blocks)."
+                " as a load does (its arena comes from torch's cache of pinned blocks)"
+                + (
+                    "; each cell sets PINNED_READ_THREADS and PINNED_READ_CHUNK_BYTES for its read."
+                    if pr.get("settings") == "module constants"
+                    else "."
+                )
             )
         elif pr.get("pinned_reader"):
             out.append(f"\nPinned reader: {pr['pinned_reader']}.")
@@ -695,6 +702,8 @@ def render_summary(res: dict) -> str:
                 rows,
             )
         )
+        for label in de.get("not_run", []):
+            out.append(f"\nNot run: {label}")
         out.append("")
 
     rw = res.get("real_writer", {})

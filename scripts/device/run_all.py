@@ -401,6 +401,11 @@ CPU_ONLY = {"test_models_keeping_weights.py", "test_model_loading.py"}
 SLOW_REPEATS = 3  # vLLM's safetensors path takes ~2 s a load: fewer rounds
 IT = "instanttensor"
 PINNED = {"instanttensor_pinned_staging": True}
+# Borrowed mode ("COPY=0" rows): the series reads it from this loader option
+# alone (copies are its default, "COPY=1" rows pass nothing).  The base
+# rejects the key: base rows never get it, and a smoke run lists the series
+# rows that need it as not run (``runnable``).
+COPY_FALSE = {"instanttensor_copy": False}
 PRIORITY = ["model.embed_tokens.", "lm_head."]
 
 # The staging bound of the bounded benchmarks, the real-writer check's, and
@@ -522,15 +527,14 @@ def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) ->
     ``THROUGHPUT_MIN_ROUNDS`` rounds (``repeats`` permitting) even past the
     phase's share; each row's median and best round against the base's."""
     folder = ck["synthetic"]["dir"]
+    # COPY=1: the series' default (copies); COPY=0: loader option
+    # ``instanttensor_copy`` false (borrowed), which the series alone accepts.
+    borrowed = {"format": IT, "env": {}, "extra": COPY_FALSE}
     configs = [
         ("base InstantTensor", "base", {"format": IT, "env": {}}),
-        ("series COPY=1", "series", {"format": IT, "env": {"INSTANTTENSOR_COPY": "1"}}),
-        ("series COPY=0", "series", {"format": IT, "env": {"INSTANTTENSOR_COPY": "0"}}),
-        (
-            "series COPY=0, retention check off",
-            "series",
-            {"format": IT, "env": {"INSTANTTENSOR_COPY": "0"}, "retention_check": False},
-        ),
+        ("series COPY=1", "series", {"format": IT, "env": {}}),
+        ("series COPY=0", "series", borrowed),
+        ("series COPY=0, retention check off", "series", {**borrowed, "retention_check": False}),
         ("base InstantTensor (A/A repeat)", "base", {"format": IT, "env": {}}),
         ("vLLM safetensors + copy to GPU", "base", {"format": "safetensors", "env": {}}),
     ]
@@ -543,6 +547,7 @@ def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) ->
         "configs": {},
         "order": [],
     }
+    configs = runnable(run, configs, out)
     runs: dict[str, list] = {label: [] for label, _, _ in configs}
     verify: dict[str, dict] = {}
     for label, wname, kw in configs:  # warm-up + bitwise check, untimed
@@ -584,8 +589,8 @@ def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) ->
         s["time_ratio_best"] = common.ratio(s["min_s"], base["min_s"])
     # Below 1: the check costs that fraction of the borrowed-mode throughput.
     out["retention_check_ratio"] = common.ratio(
-        out["configs"]["series COPY=0"]["gib_s"],
-        out["configs"]["series COPY=0, retention check off"]["gib_s"],
+        out["configs"].get("series COPY=0", {}).get("gib_s"),
+        out["configs"].get("series COPY=0, retention check off", {}).get("gib_s"),
     )
     return out
 
@@ -607,7 +612,7 @@ def bounded_configs(kind: str) -> list:
         (
             "series bound, pinned staging, 64 MiB read chunks",
             "series",
-            {"env": bound, "extra": {**PINNED, "instanttensor_read_chunk_bytes": 64 << 20}},
+            {"env": bound, "extra": PINNED, "pinned_read": {"chunk_bytes": 64 << 20}},
         ),
         ("series 2x bound, pinned staging", "series", {"env": double, "extra": PINNED}),
         ("series unbound", "series", {"env": {}}),
@@ -770,20 +775,24 @@ def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict], until: flo
     series."""
     folder = ck["layered"]["dir"]
     bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["bound"])}
+    # COPY=1: the series' default (copies); COPY=0: loader option
+    # ``instanttensor_copy`` false (borrowed), never given to the base.
+    borrowed = {"env": bound, "extra": COPY_FALSE}
     configs = [
-        ("base (always copies)", "base", dict(bound)),
-        ("series COPY=1", "series", {**bound, "INSTANTTENSOR_COPY": "1"}),
-        ("series COPY=0", "series", {**bound, "INSTANTTENSOR_COPY": "0"}),
+        ("base (always copies)", "base", {"env": bound}),
+        ("series COPY=1", "series", {"env": bound}),
+        ("series COPY=0", "series", borrowed),
     ]
     for ctl in controls:
-        configs.append(
-            (
-                f"{ctl['tree']} COPY=0 (no ownership)",
-                ctl["tree"],
-                {**bound, "INSTANTTENSOR_COPY": "0"},
-            )
-        )
+        # A control tree before the borrowed-mode patch has no borrowed mode
+        # (it rejects the key): its row copies, and its label says so.
+        tree = ctl["tree"]
+        if tree in W and not W[tree].call("info").get("copy_option"):
+            configs.append((f"{tree} (no borrowed mode: copies)", tree, {"env": bound}))
+        else:
+            configs.append((f"{tree} COPY=0 (no ownership)", tree, borrowed))
     out: dict = {"dir": folder, "tp": TP, "configs": {}}
+    configs = runnable(run, configs, out, W)
     # One layer processed (fp8): peak memory, the base release's queue against the series.
     peaks: dict = {"shape": SIZES["layer_shape"]}
     for wname in ("base", "series"):
@@ -795,15 +804,12 @@ def bench_deferred(run: Run, W: dict, ck: dict, controls: list[dict], until: flo
     out["processing_peak"] = peaks
     out["cpu_sources_peak"] = bench_cpu_sources(run, W)
     for tp in (1, TP):
-        for label, wname, env in configs:
-            if wname not in W:
-                continue
+        for label, wname, kw in configs:
             if time.monotonic() > until or run.left() < 45:
                 run.problem(f"deferred: {label} tp={tp} not run (time budget)")
                 continue
             results = [
-                W[wname].call("layerwise", dir=folder, env=env, tp=tp, verify=i == 0)
-                for i in range(2)
+                W[wname].call("layerwise", dir=folder, tp=tp, verify=i == 0, **kw) for i in range(2)
             ]
             ok = [r for r in results if "error" not in r]
             key = label if tp == 1 else f"{label} tp={tp}"
@@ -845,13 +851,18 @@ def bench_real(run: Run, W: dict, ck: dict) -> dict:
     reader's close) or compared inline (borrowed ones, before the next)."""
     folder = ck["real"]["dir"]
     bound = {"INSTANTTENSOR_BUFFER_SIZE": str(SIZES["real_bound"])}
-    copy0 = {"INSTANTTENSOR_COPY": "0"}
+    # COPY=1: the series' default (copies); COPY=0: loader option
+    # ``instanttensor_copy`` false (borrowed).
     configs = [
         ("base", "base", {"env": {}, "inline": False}),
-        ("series COPY=1 (kept)", "series", {"env": {"INSTANTTENSOR_COPY": "1"}, "inline": False}),
-        ("series COPY=0 (inline)", "series", {"env": copy0, "inline": True}),
+        ("series COPY=1 (kept)", "series", {"env": {}, "inline": False}),
+        ("series COPY=0 (inline)", "series", {"env": {}, "extra": COPY_FALSE, "inline": True}),
         ("series bound (kept)", "series", {"env": bound, "inline": False}),
-        ("series bound COPY=0 (inline)", "series", {"env": {**bound, **copy0}, "inline": True}),
+        (
+            "series bound COPY=0 (inline)",
+            "series",
+            {"env": bound, "extra": COPY_FALSE, "inline": True},
+        ),
         (
             "series bound, pinned staging (inline)",
             "series",
@@ -861,8 +872,8 @@ def bench_real(run: Run, W: dict, ck: dict) -> dict:
             "series priority + bound + COPY=0 (inline)",
             "series",
             {
-                "env": {**bound, **copy0},
-                "extra": {"instanttensor_priority_prefixes": PRIORITY},
+                "env": bound,
+                "extra": {**COPY_FALSE, "instanttensor_priority_prefixes": PRIORITY},
                 "inline": True,
             },
         ),
@@ -877,6 +888,7 @@ def bench_real(run: Run, W: dict, ck: dict) -> dict:
         r = W[wname].call("real", dir=folder, timeout=120, **kw)
         r["tree"] = W[wname].tree_label
         r["env"], r["extra"] = kw["env"], kw.get("extra")
+        r["copy_args"] = sorted({str(rd["copy"]) for rd in r.get("readers", [])})
         out["configs"][label] = r
         if "error" in r or r.get("n_mismatches") or not r.get("names_equal"):
             keys = ("error", "n_mismatches", "mismatches", "missing", "unexpected", "duplicates")
@@ -903,7 +915,6 @@ def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
 
 MANY_REPEATS = 4
 BASE_BOUND = "base release, INSTANTTENSOR_BUFFER_SIZE at the bound"
-COPY_FALSE = {"instanttensor_copy": False}
 # The rows ``many`` runs unless ``--many-configs`` names others ("all": every
 # row of ``many_configs``): the base and the series in copy and borrowed mode,
 # 35 s a round on the H200, so that four rounds fit beside the other phases.
@@ -1026,16 +1037,16 @@ def bench_tuning(run: Run, W: dict, ck: dict, pinned_gib_s: float | None) -> dic
         ("backend=URING_BUFFERED", {"INSTANTTENSOR_BACKEND": "URING_BUFFERED"}),
         ("backend=AIO_BUFFERED", {"INSTANTTENSOR_BACKEND": "AIO_BUFFERED"}),
     ]
-    grid = [
-        (label, {"INSTANTTENSOR_COPY": "0", **{k: str(v) for k, v in env.items()}})
-        for label, env in variants
-    ]
+    grid = [(label, {k: str(v) for k, v in env.items()}) for label, env in variants]
+    # Borrowed (COPY=0): loader option ``instanttensor_copy`` false, which
+    # only the series accepts (a smoke run's "series" is the base tree).
+    extra = COPY_FALSE if run.series_mode else {}
     runs: dict[str, list] = {label: [] for label, _ in grid}
     for rnd, (label, env) in interleaved(grid, 3):
         if run.left() < 40:
             run.problem(f"tuning: stopped in round {rnd} (time budget)")
             break
-        runs[label].append(W["series"].call("load", dir=folder, env=env, timeout=60))
+        runs[label].append(W["series"].call("load", dir=folder, env=env, extra=extra, timeout=60))
     out: dict = {"grid": []}
     for label, env in grid:
         s = report.summarise_loads(runs[label])
@@ -1044,6 +1055,7 @@ def bench_tuning(run: Run, W: dict, ck: dict, pinned_gib_s: float | None) -> dic
             {
                 "label": label,
                 "env": env,
+                "extra": extra,
                 "gib_s": s["gib_s"],
                 "runs": s["runs"],
                 "errors": s["errors"],
@@ -1368,14 +1380,21 @@ def check_semantics(run: Run, res: dict, series_mode: bool) -> None:
     if not series_mode:
         return
     tp = res.get("throughput", {}).get("configs", {})
-    for label in ("series COPY=0", "series COPY=0, retention check off"):
-        if tp.get(label, {}).get("copy_args") not in (None, [], ["False"]):
+    for label in ("series COPY=1", "series COPY=0", "series COPY=0, retention check off"):
+        want = ["False"] if "COPY=0" in label else ["True"]
+        if tp.get(label, {}).get("copy_args") not in (None, [], want):
             run.problem(f"{label} called InstantTensor with copy={tp[label]['copy_args']}")
     off = tp.get("series COPY=0, retention check off", {})
     if off.get("runs") and not off["retention_check_off"]:
         run.problem("series COPY=0, retention check off: the check was not switched off")
     if tp.get("base InstantTensor", {}).get("copy_args") not in (None, [], ["True"]):
         run.problem("base called InstantTensor with copy != True")
+    # Deferred and real-writer rows: "COPY=0" in a label is borrowed, else copies.
+    for phase, name in (("deferred", "deferred"), ("real_writer", "real-writer")):
+        for label, c in res.get(phase, {}).get("configs", {}).items():
+            want = ["False"] if "COPY=0" in label else ["True"]
+            if "error" not in c and c.get("copy_args") not in (None, [], want):
+                run.problem(f"{name} {label} called InstantTensor with copy={c['copy_args']}")
     for label, c in res.get("many", {}).get("configs", {}).items():
         borrowed = "false" in label or "keeps" in label
         if c.get("copy_args") not in ([], [str(not borrowed)]):
@@ -1423,6 +1442,8 @@ def check_semantics(run: Run, res: dict, series_mode: bool) -> None:
     for label, m in pr.get("methods", {}).items():
         if on_gpu and "pinned reader" in label and not m.get("is_pinned"):
             run.problem(f"pinned_read {label}: the reader's tensor is not pinned memory")
+        if m.get("reader_threads") not in (None, m.get("threads")):
+            run.problem(f"pinned_read {label}: the reader has {m['reader_threads']} threads")
 
 
 def finish(run: Run, res: dict, series_mode: bool, args) -> None:

@@ -13,8 +13,7 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 
 
 @requires_cuda
-@pytest.mark.parametrize("copy_env", [None, "0"])
-def test_instanttensor_iterator_on_gpu(tmp_path, monkeypatch, copy_env):
+def test_instanttensor_iterator_on_gpu(tmp_path, monkeypatch):
     from vllm.model_executor.model_loader.weight_utils import (
         instanttensor_weights_iterator,
     )
@@ -22,8 +21,6 @@ def test_instanttensor_iterator_on_gpu(tmp_path, monkeypatch, copy_env):
 
     monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
     monkeypatch.setattr(current_platform, "current_device", lambda: 0)
-    if copy_env is not None:
-        monkeypatch.setenv("INSTANTTENSOR_COPY", copy_env)
     gen = torch.Generator().manual_seed(0)
     weights = {
         f"layers.{i}.w": torch.randint(

@@ -223,6 +223,37 @@ def pieces(setting):
         weight_utils._pieced_tensors, weight_utils.PIECES_PER_RING = saved
 
 
+PINNED_READ_NAMES = ("PINNED_READ_THREADS", "PINNED_READ_CHUNK_BYTES")
+
+
+def has_pinned_read_constants() -> bool:
+    """Whether the tree's pinned reader takes its threads and chunk size from
+    module constants (the series since v5-split: ``_PinnedReader(shards,
+    reads, pinned_bytes)``) rather than from arguments (before it)."""
+    return all(hasattr(weight_utils, name) for name in PINNED_READ_NAMES)
+
+
+@contextlib.contextmanager
+def pinned_read(threads: int | None = None, chunk_bytes: int | None = None):
+    """The series' pinned reader with ``threads`` threads reading in chunks
+    of ``chunk_bytes`` (None: as the tree has it), for the duration: its
+    module constants are set (a reader takes the threads when it is made,
+    the chunk size at each read, so the whole load runs inside).  A tree
+    without the constants is left as it is; yields whether they were set."""
+    if (threads is None and chunk_bytes is None) or not has_pinned_read_constants():
+        yield False
+        return
+    saved = (weight_utils.PINNED_READ_THREADS, weight_utils.PINNED_READ_CHUNK_BYTES)
+    if threads is not None:
+        weight_utils.PINNED_READ_THREADS = int(threads)
+    if chunk_bytes is not None:
+        weight_utils.PINNED_READ_CHUNK_BYTES = int(chunk_bytes)
+    try:
+        yield True
+    finally:
+        weight_utils.PINNED_READ_THREADS, weight_utils.PINNED_READ_CHUNK_BYTES = saved
+
+
 def reference_tensor(path: str, name: str):
     from safetensors import safe_open
 
@@ -271,6 +302,9 @@ def op_info(cmd: dict) -> dict:
     return {
         "vllm_file": vllm.__file__,
         "has_pieces": has_pieces(),
+        # Whether the loader takes "instanttensor_copy" (borrowed mode): the base
+        # and a series prefix before the borrowed-mode patch reject the key.
+        "copy_option": "instanttensor_copy" in getattr(weight_utils, "INSTANTTENSOR_SETTINGS", ()),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if on_gpu else None,
@@ -345,7 +379,9 @@ def op_load(cmd: dict) -> dict:
     ``retention_check`` (default true): false disables the series' check that
     no borrowed tensor outlives its step, for this load only; ``half_bound``
     selects the other ring policy (``ring_policy``); ``pieces`` how tensors
-    above a quarter of the bound stream (``pieces``)."""
+    above a quarter of the bound stream (``pieces``); ``pinned_read``
+    (``{"threads", "chunk_bytes"}``) how the pinned reader reads
+    (``pinned_read``)."""
     folder, fmt = cmd["dir"], cmd.get("format", "instanttensor")
     verify = cmd.get("verify", False)
     set_env(cmd.get("env"))
@@ -370,6 +406,7 @@ def op_load(cmd: dict) -> dict:
         retention_check(cmd.get("retention_check", True)) as check_off,
         ring_policy(cmd.get("half_bound", False)),
         pieces(cmd.get("pieces")) as pieces_set,
+        pinned_read(**cmd.get("pinned_read", {})) as pinned_read_set,
     ):
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -401,6 +438,7 @@ def op_load(cmd: dict) -> dict:
         "cpu_seconds": cpu_seconds,
         "retention_check_off": check_off,
         "pieces_set": pieces_set,
+        "pinned_read_set": pinned_read_set,
         "tree_has_pieces": has_pieces(),
         "peak_host_delta": peak_host - host0,
         "peak_used_delta": peak_used - used0,
@@ -924,14 +962,18 @@ def op_pinned_read(cmd: dict) -> dict:
     GPU tensor, timed to the end of that copy, per method: safetensors'
     ``get_tensor`` (pageable memory) and the series' pinned reader
     (``weight_utils._PinnedReader``, a new one per read, as a load makes one)
-    for each threads x chunk-size pair.  Methods run in interleaved rounds;
-    each method's first result is compared bitwise with the file.  A tree
-    without the reader runs the pageable method only."""
+    for each threads x chunk-size pair: set as the module constants
+    ``PINNED_READ_THREADS`` / ``PINNED_READ_CHUNK_BYTES`` for that read
+    (``pinned_read``), or, in a tree from before them, passed to the
+    reader.  Methods run in interleaved rounds; each method's first result
+    is compared bitwise with the file.  A tree without the reader runs the
+    pageable method only."""
     from safetensors import safe_open
 
     path, name = cmd["file"], cmd["tensor"]
     reps = cmd.get("reps", 5)
     reader_cls = getattr(weight_utils, "_PinnedReader", None)
+    constants = False  # how the reader takes its threads and chunk size
     shards = {path: weight_utils._open_shard(path, True)} if reader_cls else None
     nbytes = shards[path].sizes[name] if shards else os.path.getsize(path)
     ref = reference_tensor(path, name).to(DEVICE)
@@ -942,11 +984,15 @@ def op_pinned_read(cmd: dict) -> dict:
     if reader_cls is None:
         out["pinned_reader"] = "absent from this tree"
     else:
-        defaults = inspect.signature(weight_utils.instanttensor_weights_iterator).parameters
-        out["default"] = {
-            "threads": defaults["read_threads"].default,
-            "chunk_bytes": defaults["read_chunk_bytes"].default,
-        }
+        constants = has_pinned_read_constants()
+        out["settings"] = "module constants" if constants else "reader arguments"
+        if constants:
+            threads, chunk = (getattr(weight_utils, name) for name in PINNED_READ_NAMES)
+        else:
+            defaults = inspect.signature(weight_utils.instanttensor_weights_iterator).parameters
+            threads = defaults["read_threads"].default
+            chunk = defaults["read_chunk_bytes"].default
+        out["default"] = {"threads": threads, "chunk_bytes": chunk}
         for threads in cmd.get("threads", [4, 8, 16]):
             for chunk in cmd.get("chunks", [4 * common.MiB, 16 * common.MiB, 64 * common.MiB]):
                 label = f"pinned reader, {threads} threads, {chunk // common.MiB} MiB chunks"
@@ -960,15 +1006,19 @@ def op_pinned_read(cmd: dict) -> dict:
             method = methods[label]
             t0 = time.perf_counter()
             with contextlib.ExitStack() as stack:
+                pool_threads = None
                 if method is None:
                     f = stack.enter_context(safe_open(path, framework="pt", device="cpu"))
                     tensor = f.get_tensor(name)
                 else:
-                    reader = stack.enter_context(
-                        contextlib.closing(
-                            reader_cls(shards, [(path, name, nbytes)], 2 * nbytes, *method)
-                        )
-                    )
+                    args = [shards, [(path, name, nbytes)], 2 * nbytes]
+                    if constants:
+                        stack.enter_context(pinned_read(*method))
+                    else:
+                        args += method
+                    reader = stack.enter_context(contextlib.closing(reader_cls(*args)))
+                    # The threads the reader really has (the setting took).
+                    pool_threads = getattr(getattr(reader, "pool", None), "_max_workers", None)
                     tensor = reader(path, name)
                 t1 = time.perf_counter()
                 dest.copy_(tensor)
@@ -982,6 +1032,7 @@ def op_pinned_read(cmd: dict) -> dict:
                 entry["borrowed_marked"] = bool(getattr(tensor, borrowed_attr(), False))
                 if method is not None:
                     entry["threads"], entry["chunk_bytes"] = method
+                    entry["reader_threads"] = pool_threads
             del tensor
     for label in labels:
         med = common.median(samples[label])

@@ -581,18 +581,28 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
     assert res["mode"] == "base-only smoke"
     assert res["skipped_phases"] == ["bound", "tuning"] and "tuning" not in res
     smoke = res["tests"]["smoke (base tree)"]
-    assert smoke["totals"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 2}
+    assert smoke["totals"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 1}
     assert [p for p in res["problems"] if "skipped" not in p and "plot" not in p] == []
     for label, c in res["real_writer"]["configs"].items():
         assert c["names_equal"] and c["n_mismatches"] == 0, label
         assert c["n_tensors"] == res["checkpoints"]["real"]["n_tensors"]
+    # Borrowed mode is the series' loader option alone: the base never gets it.
     assert res["real_writer"]["not_run"] == [
+        "series COPY=0 (inline) (needs the series)",
+        "series bound COPY=0 (inline) (needs the series)",
         "series bound, pinned staging (inline) (needs the series)",
         "series priority + bound + COPY=0 (inline) (needs the series)",
     ]
+    assert res["throughput"]["not_run"] == [
+        "series COPY=0 (needs the series)",
+        "series COPY=0, retention check off (needs the series)",
+    ]
+    assert "series COPY=1" in res["throughput"]["configs"]
     for label, c in res["throughput"]["configs"].items():
         assert c["verify"]["n_mismatches"] == 0 and c["verify"]["names_ok"], label
         assert c["runs"] == 1
+        assert c["copy_args"] == ([] if "safetensors" in label else ["True"]), label
+    assert res["deferred"]["not_run"] == ["series COPY=0 (needs the series)"]
     for kind in ("staging", "heavy"):
         configs = res[kind]["configs"]
         assert "series bound, pinned staging" not in configs
@@ -678,6 +688,9 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     assert [c["test"] for c in controls] == list(device.NEGATIVE_CONTROLS)
 
     tp = res["throughput"]["configs"]
+    # Borrowed mode through the loader option (no environment variable): checked.
+    assert tp["series COPY=0"]["copy_args"] == ["False"]
+    assert tp["series COPY=1"]["copy_args"] == ["True"]
     assert tp["series COPY=0, retention check off"]["copy_args"] == ["False"]
     assert tp["series COPY=0, retention check off"]["verify"]["n_mismatches"] == 0
     assert res["throughput"]["retention_check_ratio"] is not None
@@ -687,6 +700,8 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     for label, c in real.items():
         assert c["names_equal"] and c["n_mismatches"] == 0, label
     assert real["series COPY=0 (inline)"]["borrowed_marker"] == "_vllm_borrowed_weight"
+    for label, c in real.items():
+        assert c["copy_args"] == (["False"] if "COPY=0" in label else ["True"]), label
     pinned = real["series bound, pinned staging (inline)"]
     # embed_tokens and lm_head, above the bound: read on CPU, owned
     assert pinned["cpu_borrowed"] == 0
@@ -713,8 +728,15 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
                 assert "instanttensor_copy" in deferred[key]["error"], deferred[key]
                 continue
             assert deferred[key].get("n_mismatched_modules") == 0, (key, deferred[key])
-    for key in (f"{control} COPY=0 (no ownership)", f"{control} COPY=0 (no ownership) tp=8"):
+    # The control tree: borrowed when it has the loader option, else copies
+    # (a prefix before the borrowed-mode patch rejects the key).
+    row = [k for k in deferred if k.startswith(f"{control} ") and not k.endswith("tp=8")]
+    assert row in ([f"{control} COPY=0 (no ownership)"], [f"{control} (no borrowed mode: copies)"])
+    for key in (row[0], f"{row[0]} tp=8"):
         assert "error" not in deferred[key], key
+    for key, c in deferred.items():
+        if "error" not in c:
+            assert c["copy_args"] == (["False"] if "COPY=0" in key else ["True"]), key
     peaks = res["deferred"]["processing_peak"]
     assert peaks["shape"] == [256, 256] and "base" in peaks and "series" in peaks
     cpu = res["deferred"]["cpu_sources_peak"]
@@ -728,6 +750,11 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     assert all(m["bitwise_equal"] for m in pr["methods"].values())
     assert not any(m["borrowed_marked"] for m in pr["methods"].values())
     assert pr["default"]["threads"] == 16 and pr["best"]["gb_s"] > 0
+    assert pr["default"]["chunk_bytes"] == 64 * common.MiB
+    for label, m in pr["methods"].items():  # each grid cell's threads really set
+        assert m.get("reader_threads") in (None, m.get("threads")), label
+    if pr["settings"] == "module constants":
+        assert all(m["reader_threads"] for m in pr["methods"].values() if "threads" in m)
 
     rounds = run_all_module().MANY_REPEATS
     assert res["many"]["rounds"] == rounds and "not_run" not in res["many"]
