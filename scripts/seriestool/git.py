@@ -195,6 +195,16 @@ def has_object(repo: Path, oid: str) -> bool:
     return git(repo, "cat-file", "-e", oid, check=False).returncode == 0
 
 
+def blob(repo: Path, obj: str, check: bool = False) -> bytes | None:
+    """The bytes of blob ``obj`` (an id or ``rev:path``); None when there is none."""
+    proc = git(repo, "cat-file", "blob", obj, check=check, text=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def describe_blob(oid: str | None) -> str:
+    return "absent" if oid is None else f"blob {oid[:12]}"
+
+
 def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tuple[str, str]]:
     """``(mode, blob id)`` of each of ``paths`` (literal) that is a file in ``commit``."""
     if not paths:

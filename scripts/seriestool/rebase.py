@@ -271,10 +271,9 @@ def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
         for m in _INDEX_LINE.finditer(patch.read_text(encoding="utf-8", errors="replace")):
             wanted.update(m.groups())
     for oid in sorted(wanted - {_NULL_OID}):
-        proc = g.git(src, "cat-file", "blob", oid, check=False, text=False)
-        if not g.has_object(dst, oid) and proc.returncode == 0:  # else am names what it lacks
-            g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=proc.stdout,
-                  text=False)  # fmt: skip
+        data = g.blob(src, oid)
+        if not g.has_object(dst, oid) and data is not None:  # else am names what it lacks
+            g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=data, text=False)
 
 
 @interrupts.deferring
