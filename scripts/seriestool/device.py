@@ -144,20 +144,6 @@ def added_tests(checkout: Path, base_rev: str, path: str) -> list[str]:
     return [f"{path}::{n}" for n in re.findall(r"^\+(?:async )?def (test_\w+)\(", diff, re.M)]
 
 
-def _cached(key: str, name: str, build: Callable[[Path], dict], log) -> tuple[Path, dict]:
-    """An archive and its description, built once per ``key``."""
-    folder = CACHE_DIR / "trees" / key
-    archive = folder / f"{name}.tar.xz"
-    meta_path = folder / f"{name}.json"
-    if archive.exists() and meta_path.exists():
-        return archive, json.loads(meta_path.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    log(f"packing {name} ...")
-    meta = build(archive)
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-    return archive, meta
-
-
 def build_trees(
     base_repo: Path,
     base_branch: str,
@@ -193,14 +179,31 @@ def build_trees(
                 checkouts[name] = path
             return checkouts[name]
 
+        def add_tree(name: str, key: str, build: Callable[[Path], dict], prefix=None) -> None:
+            """Pack tree ``name`` once per cache ``key`` (with its description); copy it in."""
+            folder = CACHE_DIR / "trees" / key
+            archive, meta_path = folder / f"{name}.tar.xz", folder / f"{name}.json"
+            if archive.exists() and meta_path.exists():
+                meta = json.loads(meta_path.read_text())
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                log(f"packing {name} ...")
+                meta = build(archive)
+                meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+            shutil.copy2(archive, trees_dir / f"{name}.tar.xz")
+            overlay = {"overlay_of": "base", "patches": [p.name for p in prefix or []]}
+            result["trees"][name] = {
+                "archive": f"trees/{name}.tar.xz",
+                **(overlay if prefix is not None else {}),
+                **meta,
+            }
+
         def pack_base(dest: Path) -> dict:
             co = checkout("base", [])
             files = [p for p in g.out(co, "ls-files", "-z").split("\0") if in_tree(p)]
             return {"files": write_archive(co, files, dest)}
 
-        archive, meta = _cached(base_commit[:16], "base", pack_base, log)
-        shutil.copy2(archive, trees_dir / "base.tar.xz")
-        result["trees"]["base"] = {"archive": "trees/base.tar.xz", **meta}
+        add_tree("base", base_commit[:16], pack_base)
         if not patches:
             return result
 
@@ -229,14 +232,7 @@ def build_trees(
 
             return build
 
-        archive, meta = _cached(series_key, "series", pack_overlay(series), log)
-        shutil.copy2(archive, trees_dir / "series.tar.xz")
-        result["trees"]["series"] = {
-            "archive": "trees/series.tar.xz",
-            "overlay_of": "base",
-            "patches": [p.name for p in patches],
-            **meta,
-        }
+        add_tree("series", series_key, pack_overlay(series), patches)
         tests = [p for p in changed if is_test_file(p)]
         upstream = [p for p in tests if g.out(series, "cat-file", "-t", f"{base_commit}:{p}",
                                               check=False) == "blob"]  # fmt: skip
@@ -254,14 +250,7 @@ def build_trees(
             without = patches[index]
             name = f"before-{without.name[:4]}"
             co = checkout(name, patches[:index])
-            archive, meta = _cached(series_key, name, pack_overlay(co, [path]), log)
-            shutil.copy2(archive, trees_dir / f"{name}.tar.xz")
-            result["trees"][name] = {
-                "archive": f"trees/{name}.tar.xz",
-                "overlay_of": "base",
-                "patches": [p.name for p in patches[:index]],
-                **meta,
-            }
+            add_tree(name, series_key, pack_overlay(co, [path]), patches[:index])
             result["negative_controls"].append(
                 {"tree": name, "test": test, "without_patch": without.name, "expect": "fail"}
             )
