@@ -71,14 +71,11 @@ def _apply(
     repo: Path, manifest: manifest_mod.Manifest, patch_dir: Path, log, guard: interrupts.Guard
 ) -> int:
     repo = g.checkout_top(repo)  # a folder inside a bigger repository is refused
-    problems = check_manifest.problems(manifest, patch_dir)
-    if problems:
-        raise SeriesError(
-            "the patch files disagree with the manifest; not applying them:\n  "
-            + "\n  ".join(problems)
-            + f"\n{check_manifest.fix_series(patch_dir)}.  A patch is changed as a commit of"
-            ' the series branch of an applied checkout, then exported (README: "Changing a patch")'
-        )
+    check_manifest.refuse(
+        manifest, patch_dir, "the patch files disagree with the manifest; not applying them",
+        f"\n{check_manifest.fix_series(patch_dir)}.  A patch is changed as a commit of the"
+        ' series branch of an applied checkout, then exported (README: "Changing a patch")',
+    )  # fmt: skip
     refuse_unsafe_state(repo)
     if not manifest.patches:
         log("the series is empty; nothing to apply")

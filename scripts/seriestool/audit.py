@@ -660,13 +660,11 @@ def _run(args: argparse.Namespace) -> Report:
     manifest = manifest_mod.load(manifest_path)
     # The audit rebuilds the series from the patch files: ones that are not the
     # manifest's series would pass a branch against an edited series.
-    if found := check_manifest.problems(manifest, patch_dir):
-        raise SeriesError(
-            f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
-            " trustworthy series to audit against:\n  "
-            + "\n  ".join(found)
-            + f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again"
-        )
+    check_manifest.refuse(
+        manifest, patch_dir, f"the series in {patch_dir} disagrees with {manifest_path}, so"
+        " there is no trustworthy series to audit against",
+        f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again",
+    )  # fmt: skip
     repo = args.vllm or base_mod.WORK_DIR / "vllm"
     if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
         args.base = default_base(repo, manifest.base)

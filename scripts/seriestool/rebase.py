@@ -296,14 +296,10 @@ def start(
         raise SeriesError(f"patch folder {patch_dir} does not exist")
     _clear_stale_session(log)
     manifest = manifest_mod.load(patch_dir / MANIFEST)
-    found = check_manifest.problems(manifest, patch_dir)
-    if found:
-        raise SeriesError(
-            f"the series in {patch_dir} disagrees with {MANIFEST}:\n  "
-            + "\n  ".join(found)
-            + f"\nfix it (`{hints.make('check-manifest')}`, `{hints.make('export')}`) before"
-            " rebasing"
-        )
+    check_manifest.refuse(
+        manifest, patch_dir, f"the series in {patch_dir} disagrees with {MANIFEST}",
+        f"\nfix it (`{hints.make('check-manifest')}`, `{hints.make('export')}`) before rebasing",
+    )  # fmt: skip
 
     version = match.group(1) if (match := VERSION_RE.match(to)) else None  # 0.32.0 or v0.32.0
     # A version is always its release's sdist, whatever VLLM= holds (a tag of
@@ -1003,11 +999,9 @@ def _finish(
         entry.new_file = f.name
     manifest = _new_manifest(sess, files, log)
     manifest.save(sess.staging / MANIFEST)
-    found = check_manifest.problems(manifest, sess.staging)
-    if found:
-        raise SeriesError(
-            "the exported series fails its own manifest check:\n  " + "\n  ".join(found)
-        )
+    check_manifest.refuse(
+        manifest, sess.staging, "the exported series fails its own manifest check", ""
+    )
     range_diff = rangediff.range_diff(scratch, sess.old_base, sess.old_tip, sess.new_base,
                                       new_tip)  # fmt: skip
     sess.uses_dropped = _uses_of_dropped(sess, scratch, new_tip)
