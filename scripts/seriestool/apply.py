@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, hints, interrupts, journal, patchset, placement, scratch, versions
+from . import check_manifest, hints, interrupts, journal, patchset, scratch, versions
 from . import git as g
 from . import manifest as manifest_mod
 from .errors import SeriesError
@@ -143,7 +143,11 @@ def _apply(
                {p: {states[-1][p]} for p in created}, log, before, objects=objects)  # fmt: skip
     guard.completed()
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
-    log(_summary(manifest, commits, "applied"))
+    rows = [
+        (p.file, p.subject, commit[:12], p.patch_id[:12], "applied")
+        for p, commit in zip(manifest.patches, commits, strict=True)
+    ]
+    log(table(("patch", "subject", "commit", "stable patch ID", "status"), rows))
     return 0
 
 
@@ -315,25 +319,13 @@ def _build(repo: Path, start: str, patches: list[Path], images: list,
     into ``repo``'s quarantine ``objects`` (no ref, no file of it changes)."""
     identity = g.user_identity(repo)
     with scratch.checkout(repo, start, paths) as work:
-        commits = []
-        before = start
-        for number, (patch, image) in enumerate(zip(patches, images, strict=True), 1):
-            try:
-                patchset.am(work, [patch], env=identity)
-            except SeriesError as e:
-                raise SeriesError(
-                    f"the series does not apply to {repo}; nothing was changed\n  "
-                    + _failure_detail(work, str(e), number, patch)
-                ) from None
-            after = g.out(work, "rev-parse", "HEAD")
-            disagree = placement.check(work, before, after, image, ours="the checkout")
-            if disagree or after == before:
-                raise SeriesError(
-                    f"{patch.name} does not give its recorded result on {repo}; nothing was"
-                    " changed\n  " + "\n  ".join(disagree or ["it made no change"])
-                )
-            commits.append(after)
-            before = after
+        try:
+            commits = scratch.apply_patches(work, patches, images, "the checkout", env=identity)
+        except SeriesError as e:
+            raise SeriesError(
+                f"the series does not apply to {repo}; nothing was changed\n  {e}"
+            ) from None
+        before = commits[-1]
         actual = g.blob_ids(work, before, paths)
         wrong = [p for p in paths if actual[p] != result[p]]
         if wrong:
@@ -345,29 +337,6 @@ def _build(repo: Path, start: str, patches: list[Path], images: list,
         g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
               str(work), before, env=objects)  # fmt: skip
     return before, commits
-
-
-def _failure_detail(work: Path, am_error: str, number: int, patch: Path) -> str:
-    """Which patch failed and where: conflicts and git's own messages."""
-    lines = [f"failing patch: number {number} of the series ({patch.name})"]
-    lines += patchset.conflict_lines(work, ours="the checkout")
-    # git's own explanation (patch failed: FILE:LINE, ...), without the hints
-    # about `git am --continue`: the am ran in a scratch repository.
-    message = am_error.split(": ", 1)[1] if am_error.startswith("git ") else am_error
-    for line in message.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("hint:", "When you have resolved", "If you prefer",
-                                         "To restore the original", "Use 'git am")):  # fmt: skip
-            lines.append(line)
-    return "\n  ".join(lines)
-
-
-def _summary(manifest: manifest_mod.Manifest, commits: list[str], status: str) -> str:
-    rows = [
-        (p.file, p.subject, commit[:12], p.patch_id[:12], status)
-        for p, commit in zip(manifest.patches, commits, strict=True)
-    ]
-    return table(("patch", "subject", "commit", "stable patch ID", "status"), rows)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -125,11 +125,23 @@ def apply_patches(
     commits.  ``ours`` names HEAD in the refusals; ``env``: the committer."""
     commits: list[str] = []
     before = g.out(checkout, "rev-parse", "HEAD")
-    for path, image in zip(patch_files, images, strict=True):
+    for number, (path, image) in enumerate(zip(patch_files, images, strict=True), 1):
         try:
             patchset.am(checkout, [path], env=env)
         except SeriesError as e:
-            raise SeriesError(f"patch {path.name} does not apply on {ours}: {e}") from None
+            lines = patchset.conflict_lines(checkout, ours=ours)
+            # git's own explanation (patch failed: FILE:LINE, ...), without the hints
+            # about `git am --continue`: the am ran in a scratch repository.
+            message = str(e).split(": ", 1)[1] if str(e).startswith("git ") else str(e)
+            for line in message.splitlines():
+                line = line.strip()
+                skip = ("hint:", "When you have", "If you prefer", "To restore the", "Use 'git am")
+                if line and not line.startswith(skip):
+                    lines.append(line)
+            raise SeriesError(
+                f"patch {path.name} does not apply on {ours}: it is number {number} of the series"
+                + "".join(f"\n  {line}" for line in lines)
+            ) from None
         after = g.out(checkout, "rev-parse", "HEAD")
         if after == before:
             raise SeriesError(
