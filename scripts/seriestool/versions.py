@@ -162,13 +162,11 @@ def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
     the history of the repository holding ``patch_dir`` (newest first)."""
     current = manifest_mod.load(patch_dir / MANIFEST)
     found = _held(repo, commit, SeriesVersion("", current.version, None), current, patch_dir)
-    tooling = patch_dir.resolve().parent
-    if found or patch_dir.name != PATCH_DIR or not g.is_repo(tooling):
+    if found:
         return found
     seen = {(patch_dir / MANIFEST).read_bytes()}
     with tempfile.TemporaryDirectory(prefix="seriestool-versions-") as tmp:
-        for rev, version in history(tooling):
-            text = g.blob(tooling, f"{rev}:{PATCH_DIR}/{MANIFEST}")
+        for tooling, rev, version, text in _past_manifests(patch_dir):
             if version is None or text in seen:
                 continue
             seen.add(text)
@@ -179,6 +177,15 @@ def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
             if found:
                 return found
     return None
+
+
+def _past_manifests(patch_dir: Path) -> Iterator[tuple[Path, str, str | None, bytes | None]]:
+    """``(repository, commit, version, manifest)`` of each state in ``history`` of
+    the project's ``patches/`` (none for another folder)."""
+    tooling = patch_dir.resolve().parent
+    if patch_dir.name == PATCH_DIR and g.is_repo(tooling):
+        for rev, version in history(tooling):
+            yield tooling, rev, version, g.blob(tooling, f"{rev}:{PATCH_DIR}/{MANIFEST}")
 
 
 def _held(repo, commit, state, manifest, patch_dir) -> Held | None:
@@ -194,12 +201,9 @@ def foreign_commits(repo: Path, base: str, head: str, patch_dir: Path) -> list[s
     user's.  Known: the series in ``patch_dir`` and, for the project's
     ``patches/``, every earlier version in its repository's history."""
     known = {p.patch_id for p in manifest_mod.load(patch_dir / MANIFEST).patches}
-    tooling = patch_dir.resolve().parent
-    if patch_dir.name == PATCH_DIR and g.is_repo(tooling):
-        for rev, _version in history(tooling):
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                text = g.blob(tooling, f"{rev}:{PATCH_DIR}/{MANIFEST}")
-                known.update(p["patch_id"] for p in json.loads(text or "")["patches"])
+    for _tooling, _rev, _version, text in _past_manifests(patch_dir):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            known.update(p["patch_id"] for p in json.loads(text or "")["patches"])
     log = g.git(repo, "log", "-p", "--no-merges", "--no-renames", "--full-index", "--no-color",
                 "--format=commit %H", f"{base}..{head}", text=False).stdout  # fmt: skip
     ids = dict(line.split()[::-1] for line in g.out(repo, "patch-id", "--verbatim",
