@@ -91,17 +91,12 @@ def files_touched(repo: Path, patch: Path) -> list[str]:
     key = sha256_of_file(patch)
     if key not in _numstats:
         cwd = g.toplevel(repo) if g.is_repo(repo) else repo
-        _numstats[key] = _numstat_paths(cwd, [], patch)
+        paths: set[str] = set()
+        for reverse in ([], ["-R"]):
+            numstat = g.out(cwd, "apply", *reverse, "--numstat", "-z", str(patch.resolve()))
+            paths.update(entry.split("\t", 2)[2] for entry in numstat.split("\0") if entry)
+        _numstats[key] = sorted(paths)
     return _numstats[key]
-
-
-def _numstat_paths(cwd: Path, git_dir: list[str], patch: Path) -> list[str]:
-    """Both sides' paths of ``git apply [-R] --numstat``, run in ``cwd``."""
-    paths: set[str] = set()
-    for reverse in ([], ["-R"]):
-        numstat = g.out(cwd, *git_dir, "apply", *reverse, "--numstat", "-z", str(patch.resolve()))
-        paths.update(entry.split("\t", 2)[2] for entry in numstat.split("\0") if entry)
-    return sorted(paths)
 
 
 def am(
@@ -141,7 +136,7 @@ def images_and_paths(patches: Sequence[Path]) -> tuple[list[Image], list[list[st
         gdir = Path(tmp) / "empty.git"
         g.git(tmp, "init", "-q", "--bare", "--template=", str(gdir))
         for patch in patches:
-            paths = _touched_in(gdir, patch)
+            paths = files_touched(gdir, patch)
             touched.append(paths)
             sides = [_fake_ancestor(gdir, patch, reverse, Path(tmp)) for reverse in (False, True)]
             if sides[0] is None or sides[1] is None:  # a section without blob ids
@@ -154,13 +149,6 @@ def images_and_paths(patches: Sequence[Path]) -> tuple[list[Image], list[list[st
             pre, post = sides
             result.append({path: (pre.get(path), post.get(path)) for path in paths})
     return result, touched
-
-
-def _touched_in(gdir: Path, patch: Path) -> list[str]:
-    key = sha256_of_file(patch)
-    if key not in _numstats:
-        _numstats[key] = _numstat_paths(gdir, ["--git-dir", str(gdir)], patch)
-    return _numstats[key]
 
 
 def _fake_ancestor(
