@@ -141,10 +141,6 @@ class Session:
         return self.work_dir / "tests-failed.md"
 
     @property
-    def uses_user_checkout(self) -> bool:
-        return bool(self.user_checkout)
-
-    @property
     def resumable(self) -> bool:
         """A ``--keep-conflict`` session that stopped for the user at a conflict:
         whatever stopped it since (a kill included), ``--continue`` goes on
@@ -738,7 +734,7 @@ def _discard(sess: Session, log: Log, force_command: str | None = None) -> None:
     """Abort any am, restore the user's checkout, remove scratch work and state
     (``force_command``: first refuse, changing nothing, when the checkout
     changed in ways the rebase could not have made)."""
-    if sess.uses_user_checkout:
+    if sess.user_checkout:
         checkout = _restore_checkout(sess, log, force_command)
         branch = f"refs/heads/{sess.branch}"
         if checkout.exists() and (tip := g.rev(checkout, branch)):
@@ -787,7 +783,7 @@ def _clear_stale_session(log: Log) -> None:
             f" resolution in {sess.checkout}; what you resolved is kept there."
             f" Go on from it with\n    {_CONTINUE}\nor drop it with\n    {_ABORT}"
         )
-    if sess.keep and sess.uses_user_checkout and sess.phase == "running":
+    if sess.keep and sess.user_checkout and sess.phase == "running":
         raise SeriesError(
             f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
             " Undo what it did there, and nothing else, with:\n"
@@ -861,7 +857,7 @@ def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
     """The open session, its checkout locked as ``start`` locks it; None when it
     had completed (a killed run's swap of ``patches/`` is finished here)."""
     sess = Session.load()
-    if sess is not None and sess.uses_user_checkout:
+    if sess is not None and sess.user_checkout:
         guard.held.enter_context(journal.locked(Path(sess.user_checkout)))
         sess = Session.load()  # as a run that held the lock until now left it
     if sess is None:
@@ -945,7 +941,7 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
     if sess is None:
         return 0
     _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
-    where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
+    where = f"{sess.checkout} restored" if sess.user_checkout else "the scratch clone removed"
     what = f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged"
     if sess.resumable:
         what += "; the conflict resolutions made by hand are dropped"
@@ -975,7 +971,7 @@ def _finish(
         )
     scratch = Path(sess.scratch)
     checkout = Path(sess.checkout)
-    if sess.uses_user_checkout:
+    if sess.user_checkout:
         g.git(scratch, "fetch", "-q", "--no-write-fetch-head", str(checkout),
               f"+refs/heads/{sess.branch}:{NEW_REF}")  # fmt: skip
         # The user's checkout goes back exactly where it was; the branch stays.
@@ -1023,11 +1019,8 @@ def _finish(
                       range_diff)  # fmt: skip
         if not sess.keep:
             _discard(sess, log)
-        steps = [
-            line[len(seriestest.FAILED_STEP) :]
-            for line in sess.tests.splitlines()
-            if line.startswith(seriestest.FAILED_STEP)
-        ]
+        failed = seriestest.FAILED_STEP
+        steps = [s.removeprefix(failed) for s in sess.tests.splitlines() if s.startswith(failed)]
         if sess.keep:
             after = (
                 f"fix the environment and run\n    {_CONTINUE}\nor"
@@ -1065,7 +1058,7 @@ def _finish(
     with interrupts.shielded():
         swap_in(sess.staging, patch_dir)
         seriesdoc.sync(manifest, patch_dir, log)
-        if sess.uses_user_checkout:
+        if sess.user_checkout:
             log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
                 " holds the rebased series")  # fmt: skip
             sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
