@@ -223,6 +223,17 @@ def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tup
     return entries
 
 
+def index_entries(repo: Path, index: Path | None = None) -> dict[str, list[tuple[str, ...]]]:
+    """``path -> [(mode, blob id, stage), ...]`` of the index (or of ``index``)."""
+    env = {"GIT_INDEX_FILE": str(index)} if index else None
+    entries: dict[str, list[tuple[str, ...]]] = {}
+    for entry in out(repo, "ls-files", "-s", "-z", env=env).split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            entries.setdefault(path, []).append(tuple(meta.split()))
+    return entries
+
+
 def blob_ids(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, str | None]:
     """Blob id of each path in ``commit``; None for a path the tree lacks."""
     entries = tree_entries(repo, commit, paths)

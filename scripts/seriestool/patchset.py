@@ -164,15 +164,8 @@ def _fake_ancestor(
         return None
     if not index.exists():
         return {}
-    listing = g.out(gdir, "--git-dir", str(gdir), "ls-files", "-s", "-z",
-                    env={"GIT_INDEX_FILE": str(index)})  # fmt: skip
-    entries = {}
-    for entry in listing.split("\0"):
-        if entry:
-            meta, path = entry.split("\t", 1)
-            mode, oid, _stage = meta.split()
-            entries[path] = (mode, oid)
-    return entries
+    # One entry per path, at stage 0: (mode, blob id).
+    return {path: stages[0][:2] for path, stages in g.index_entries(gdir, index).items()}
 
 
 def states(
