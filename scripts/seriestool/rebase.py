@@ -150,11 +150,8 @@ class Session:
 
     def save(self) -> None:
         data = dataclasses.asdict(self)
-        path = state_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        state_path().parent.mkdir(parents=True, exist_ok=True)
+        manifest_mod.write_atomic(state_path(), json.dumps(data, indent=2) + "\n")
 
     @classmethod
     def load(cls) -> Session | None:
@@ -365,7 +362,7 @@ def start(
         sess.old_patch_dir.mkdir(parents=True)
         for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
             shutil.copyfile(item, sess.old_patch_dir / item.name)
-        _prepare(sess, manifest, user, new_commit, pip_args, log)
+        _prepare(sess, manifest, user, new_commit, log)
         if _apply_remaining(sess, log):
             return _finish(sess, log, guard)
         _stopped(sess, log)
@@ -392,7 +389,6 @@ def _prepare(
     manifest: manifest_mod.Manifest,
     user: Path | None,
     new_commit: str | None,
-    pip_args: Sequence[str],
     log: Log,
 ) -> None:
     """Scratch clone with both bases, the old series rebuilt, the new branch made."""
@@ -401,7 +397,7 @@ def _prepare(
     if sess.kind == "version":
         version = sess.slug
         new_repo, new_commit, sha256 = base_mod.materialise(
-            mb.project, version, None, pip_args=pip_args, log=log
+            mb.project, version, None, pip_args=sess.pip_args, log=log
         )
         base_mod.clone(new_repo, scratch)
         sess.target = {
@@ -424,7 +420,19 @@ def _prepare(
             "sha256": "",
         }
     sess.new_base = new_commit
-    sess.old_base = _old_base(scratch, manifest, pip_args, log)
+    # The old base commit, made readable in the scratch clone.
+    sess.old_base = (g.rev(scratch, mb.commit) if mb.commit else None) or ""
+    if not sess.old_base:
+        if not mb.sdist.sha256:
+            raise SeriesError(
+                f"the series' base commit {mb.commit} is not in the checkout and the manifest"
+                " names no sdist to rebuild it from; pass VLLM= a checkout that contains it"
+            )
+        repo, sess.old_base, _sha = base_mod.materialise_pinned(
+            manifest, pip_args=sess.pip_args, log=log
+        )
+        scratch_mod.add_alternate(scratch, repo)
+        g.git(scratch, "update-ref", "refs/series/old-base", sess.old_base)
     sess.history_range = _history_range(scratch, manifest, sess.old_base, new_commit)
     sess.save()
 
@@ -473,15 +481,6 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
                 created.setdefault(path, set()).add(post[1])
     at_head = g.tree_entries(checkout, head, sorted(created))
     created = {path: blobs for path, blobs in created.items() if path not in at_head}
-    in_the_way = journal.occupied(checkout, created)
-    if in_the_way:
-        raise SeriesError(
-            f"the new base or the series puts files where {checkout} has files of its own;"
-            " they are never overwritten:\n  "
-            + "\n  ".join(in_the_way)
-            + "\nmove them out of the way, or rebase without KEEP=1 (your checkout is then"
-            " only read)"
-        )
     # What the session may write: the files that differ at the new base, and
     # the patches' files, with whatever content `git am` and a resolution give.
     moved = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", head,
@@ -493,26 +492,10 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
         am=True,
     )
     before = [("update-ref", "-m", "seriestool rebase", ref, new_commit, _NULL_OID)]
-    switch(checkout, "rebase", head, new_commit, ref, scope, created, log, before, keep=True)
-
-
-def _old_base(
-    scratch: Path, manifest: manifest_mod.Manifest, pip_args: Sequence[str], log: Log
-) -> str:
-    """The old base commit, made readable in ``scratch``."""
-    mb = manifest.base
-    found = g.rev(scratch, mb.commit) if mb.commit else None
-    if found:
-        return found
-    if not mb.sdist.sha256:
-        raise SeriesError(
-            f"the series' base commit {mb.commit} is not in the checkout and the manifest"
-            " names no sdist to rebuild it from; pass VLLM= a checkout that contains it"
-        )
-    repo, commit, _sha = base_mod.materialise_pinned(manifest, pip_args=pip_args, log=log)
-    scratch_mod.add_alternate(scratch, repo)
-    g.git(scratch, "update-ref", "refs/series/old-base", commit)
-    return commit
+    hint = ", or rebase without KEEP=1 (your checkout is then only read),"
+    switch(
+        checkout, "rebase", head, new_commit, ref, scope, created, log, before, hint=hint, keep=True
+    )
 
 
 def _history_range(
@@ -1211,71 +1194,67 @@ def _write_report(
         (i, p.file, p.status, p.how or "-", p.tests or "-", p.new_file or "-")
         for i, p in enumerate(sess.patches, 1)
     ]
+    absorbed = (
+        f"searched `{sess.history_range}`"
+        if sess.history_range
+        else "not computable (the bases share no git history; only 3-way emptiness counts)"
+    )
+    # Paragraphs, a blank line between each; code blocks fenced.
     out = [
         f"# Rebase onto {old.project} {t.get('version', sess.to)}",
-        "",
         f"Command: `{sess.command}`",
-        "",
         f"Result: **{result}**",
-        "",
         f"{Path(sess.patch_dir).name}/: {patches_outcome}",
-        "",
         "## Bases",
-        "",
-        "```",
-        table(("", "release", "upstream commit", "base commit", "sdist sha256"), rows),
-        "```",
-        "",
+        _fenced(table(("", "release", "upstream commit", "base commit", "sdist sha256"), rows)),
         "## Patches",
-        "",
-        "```",
-        table(("#", "old patch", "status", "how", "tests", "new patch"), patch_rows),
-        "```",
-        "",
-        "Absorbed-upstream check by patch ID: "
-        + (f"searched `{sess.history_range}`" if sess.history_range else
-           "not computable (the bases share no git history; only 3-way emptiness counts)"),
-    ]  # fmt: skip
+        _fenced(table(("#", "old patch", "status", "how", "tests", "new patch"), patch_rows)),
+        f"Absorbed-upstream check by patch ID: {absorbed}",
+    ]
     skipped = [p.file for p in sess.patches if p.status == DROPPED_SKIPPED]
     if skipped:
-        out += [
-            "",
+        out.append(
             f"Skipped by hand (`git am --skip`): {', '.join(skipped)}. Their changes are"
-            " not in the new series, and the rebase did not find them upstream.",
-        ]
+            " not in the new series, and the rebase did not find them upstream."
+        )
     if sess.conflict:
-        out += ["", "## Conflict", "", "```", sess.conflict, "```"]
+        out += ["## Conflict", _fenced(sess.conflict)]
         if sess.keep:
-            out += [
-                "",
-                f"The rebase is stopped in `{sess.checkout}` (branch"
-                f" `{sess.branch}`). Resolve (or amend), `git add`, then"
-                f" `{_CONTINUE}`; or `{_ABORT}`.",
-            ]
+            out.append(
+                f"The rebase is stopped in `{sess.checkout}` (branch `{sess.branch}`). Resolve"
+                f" (or amend), `git add`, then `{_CONTINUE}`; or `{_ABORT}`."
+            )
     if range_diff is not None:
         out += [
-            "", "## Range-diff (old series vs new series)", "",
+            "## Range-diff (old series vs new series)",
             f"`git range-diff {sess.old_base[:12]}..{sess.old_tip[:12]}"
             f" {sess.new_base[:12]}..{sess.new_tip[:12]}`",
-            "", "```", range_diff or "(empty: both series are empty)", "```",
-        ]  # fmt: skip
+            _fenced(range_diff or "(empty: both series are empty)"),
+        ]
     if sess.uses_dropped:
-        out += ["", "## Uses of dropped patches", "", "Later patches use what a dropped patch"
-                " added; they will fail to load until it is restored or they are changed:", "",
-                *(f"- {line}" for line in sess.uses_dropped)]  # fmt: skip
+        out += [
+            "## Uses of dropped patches",
+            "Later patches use what a dropped patch added; they will fail to load until it is"
+            " restored or they are changed:",
+            "\n".join(f"- {line}" for line in sess.uses_dropped),
+        ]
     if sess.kept_branch:
         where, branch = sess.kept_branch.split("\t")
-        out += ["", f"The rebased series is branch `{branch}` in `{where}`."]
+        out.append(f"The rebased series is branch `{branch}` in `{where}`.")
     if sess.tests:
-        out += ["", "## Tests", "", sess.tests]
+        out += ["## Tests", sess.tests]
     if sess.tests_failed and sess.tests_failed != sess.tests:
-        out += ["", "## Tests: an earlier run of this rebase FAILED", "", sess.tests_failed]
-    text = "\n".join(out) + "\n"
+        out += ["## Tests: an earlier run of this rebase FAILED", sess.tests_failed]
+    text = "\n\n".join(out) + "\n"
     sess.report_path.parent.mkdir(parents=True, exist_ok=True)
     sess.report_path.write_text(text, encoding="utf-8", errors="surrogateescape")
     if not quiet:
         log(text)
         log(f"report written to {sess.report_path}")
+
+
+def _fenced(text: str) -> str:
+    return f"```\n{text}\n```"
 
 
 def run(args: argparse.Namespace) -> int:
