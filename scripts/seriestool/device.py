@@ -10,6 +10,7 @@ needs neither git nor patch (qualification/README.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -211,28 +212,25 @@ def build_trees(
             series = checkout("series", patches)
         except SeriesError as e:
             raise SeriesError(f"the series does not apply to the base: {e}") from None
-        changed, deleted = changed_files(series, base_commit)
+        changed, _deleted = changed_files(series, base_commit)
 
-        def pack_overlay(co: Path, extra: Sequence[str] = ()) -> Callable[[Path], dict]:
-            def build(dest: Path) -> dict:
-                ch, de = changed_files(co, base_commit)
-                members = [p for p in ch if in_overlay(p)]
-                # Extra files (a control's test file) come from the full series.
-                for rel in extra:
-                    target = co / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(series / rel, target)
-                    if rel not in members:
-                        members.append(rel)
-                return {
-                    "files": write_archive(co, members, dest),
-                    "deleted": [p for p in de if in_overlay(p)],
-                    "changed": sorted(members),
-                }
+        def pack_overlay(co: Path, dest: Path, extra: Sequence[str] = ()) -> dict:
+            ch, de = changed_files(co, base_commit)
+            members = [p for p in ch if in_overlay(p)]
+            # Extra files (a control's test file) come from the full series.
+            for rel in extra:
+                target = co / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(series / rel, target)
+                if rel not in members:
+                    members.append(rel)
+            return {
+                "files": write_archive(co, members, dest),
+                "deleted": [p for p in de if in_overlay(p)],
+                "changed": sorted(members),
+            }
 
-            return build
-
-        add_tree("series", series_key, pack_overlay(series), patches)
+        add_tree("series", series_key, functools.partial(pack_overlay, series), patches)
         tests = [p for p in changed if is_test_file(p)]
         upstream = [p for p in tests if g.out(series, "cat-file", "-t", f"{base_commit}:{p}",
                                               check=False) == "blob"]  # fmt: skip
@@ -250,7 +248,9 @@ def build_trees(
             without = patches[index]
             name = f"before-{without.name[:4]}"
             co = checkout(name, patches[:index])
-            add_tree(name, series_key, pack_overlay(co, [path]), patches[:index])
+            add_tree(
+                name, series_key, functools.partial(pack_overlay, co, extra=[path]), patches[:index]
+            )
             result["negative_controls"].append(
                 {"tree": name, "test": test, "without_patch": without.name, "expect": "fail"}
             )
@@ -333,12 +333,7 @@ def folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def build_bundle(
-    manifest: manifest_mod.Manifest,
-    out_dir: Path = BUNDLE_DIR,
-    patch_dir: Path = manifest_mod.PATCH_DIR,
-    log=print,
-) -> dict:
+def build_bundle(manifest: manifest_mod.Manifest, out_dir: Path = BUNDLE_DIR, log=print) -> dict:
     """Write the whole bundle into ``out_dir`` (replacing it); returns bundle.json."""
     repo, commit, sha = base_mod.materialise_pinned(manifest, log=log)
     wheels = fetch_wheels(log=log)
@@ -349,9 +344,7 @@ def build_bundle(
     (staging / "wheels").mkdir(parents=True)
     for whl in wheels:
         shutil.copy2(whl, staging / "wheels" / whl.name)
-    trees = build_trees(
-        repo, base_mod.BASE_BRANCH, manifest.patch_paths(patch_dir), staging, log=log
-    )
+    trees = build_trees(repo, base_mod.BASE_BRANCH, manifest.patch_paths(), staging, log=log)
     bundle = {
         "schema": 1,
         "series": {"name": manifest.name, "version": manifest.version},
