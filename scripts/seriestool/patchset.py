@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.header
 import email.parser
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -231,4 +232,29 @@ def conflict_lines(checkout: Path, ours: str) -> list[str]:
             text = full.read_text(errors="replace").splitlines()
             starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
         lines.append(describe_conflict(code, path, starts, ours))
+    return lines
+
+
+# git's lines naming a file a hunk of the patch did not apply to.
+_PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does not apply)$")
+
+
+def failure_lines(checkout: Path, git_output: str, ours: str) -> list[str]:
+    """Why a ``git am --3way`` stopped: each unmerged file with the kind of its
+    conflict, and git's own error lines of ``git_output`` (its stderr)."""
+    conflicted = {path for _code, path in unmerged_paths(checkout)}
+    lines = conflict_lines(checkout, ours) or [
+        "no file was merged with conflict markers: the patch could not be"
+        " applied even with a 3-way merge"
+    ]
+    seen = set()
+    for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
+        # git's "patch failed: FILE" of a file the 3-way merge then merged
+        # cleanly is no conflict: only files left unmerged are named.
+        named = _PATCH_FAILED.match(line.strip())
+        if named and conflicted and (named[1] or named[2]) not in conflicted:
+            continue
+        if line.strip() not in seen:
+            seen.add(line.strip())
+            lines.append(f"git: {line.strip()}")
     return lines

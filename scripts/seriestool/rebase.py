@@ -541,7 +541,8 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
             patchset.am(checkout, [patch], env=g.user_identity(checkout))
         except SeriesError as e:
             entry.status = CONFLICT
-            sess.conflict = _conflict_detail(checkout, entry.file, check.stderr + "\n" + str(e))
+            why = patchset.failure_lines(checkout, f"{check.stderr}\n{e}", "the new base")
+            sess.conflict = "\n".join([f"patch: {entry.file}", *why])
             sess.am_kept = g.operation_in_progress(checkout) == "git am"
             log(f"{entry.file}: conflict")
             return False
@@ -625,32 +626,6 @@ def _leave_placement_conflict(
             g.git(checkout, "add", "--", path)
     if index_info:
         g.git(checkout, "update-index", "--index-info", input="\n".join(index_info) + "\n")
-
-
-def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
-    """Patch, unmerged files with the kind of each conflict, and git's own error
-    lines (``git_output``: stderr of ``git apply --check`` and ``git am --3way``)."""
-    lines = [f"patch: {patch_file}"]
-    conflicted = {path for _code, path in patchset.unmerged_paths(checkout)}
-    lines += patchset.conflict_lines(checkout, ours="the new base") or [
-        "no file was merged with conflict markers: the patch could not be"
-        " applied even with a 3-way merge"
-    ]
-    seen = set()
-    for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
-        # git's "patch failed: FILE" of a file the 3-way merge then merged
-        # cleanly is no conflict: only files left unmerged are named.
-        named = _PATCH_FAILED.match(line.strip())
-        if named and conflicted and (named[1] or named[2]) not in conflicted:
-            continue
-        if line.strip() not in seen:
-            seen.add(line.strip())
-            lines.append(f"git: {line.strip()}")
-    return "\n".join(lines)
-
-
-# git's lines naming a file a hunk of the patch did not apply to.
-_PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does not apply)$")
 
 
 def _stopped(sess: Session, log: Log) -> NoReturn:

@@ -129,18 +129,9 @@ def apply_patches(
         try:
             patchset.am(checkout, [path], env=env)
         except SeriesError as e:
-            lines = patchset.conflict_lines(checkout, ours=ours)
-            # git's own explanation (patch failed: FILE:LINE, ...), without the hints
-            # about `git am --continue`: the am ran in a scratch repository.
-            message = str(e).split(": ", 1)[1] if str(e).startswith("git ") else str(e)
-            for line in message.splitlines():
-                line = line.strip()
-                skip = ("hint:", "When you have", "If you prefer", "To restore the", "Use 'git am")
-                if line and not line.startswith(skip):
-                    lines.append(line)
             raise SeriesError(
                 f"patch {path.name} does not apply on {ours}: it is number {number} of the series"
-                + "".join(f"\n  {line}" for line in lines)
+                + "".join(f"\n  {line}" for line in patchset.failure_lines(checkout, str(e), ours))
             ) from None
         after = g.out(checkout, "rev-parse", "HEAD")
         if after == before:
