@@ -735,25 +735,21 @@ def _clear_stale_session(log: Log) -> None:
             f" {sess.patch_dir}; that replacement has been completed")  # fmt: skip
         _discard(dataclasses.replace(sess, user_checkout=""), log)
         return
-    if sess.resumable and sess.phase == "running":
-        raise SeriesError(
-            f"a rebase to {sess.to} was interrupted after it had stopped for your"
-            f" resolution in {sess.checkout}; what you resolved is kept there."
-            f" Go on from it with\n    {_CONTINUE}\nor drop it with\n    {_ABORT}"
-        )
-    if sess.keep and sess.user_checkout and sess.phase == "running":
+    if sess.resumable or (sess.keep and sess.phase != "running"):
+        what = {
+            "running": f"stopped for your resolution in {sess.checkout}, then interrupted;"
+            " what you resolved is kept there",
+            "conflict": f"stopped at a conflict in {sess.checkout}",
+            "applied": "applied but not finished (a later step failed)",
+        }.get(sess.phase, sess.phase)
+        raise SeriesError(f"a rebase to {sess.to} is in progress ({what}); {hints.REBASE_OPEN}")
+    if sess.keep and sess.user_checkout:  # interrupted while running
         raise SeriesError(
             f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
             " Undo what it did there, and nothing else, with:\n"
             f"    {_ABORT}\n(it refuses, changing nothing, if the"
             " checkout has changed since in ways the rebase could not have made)"
         )
-    if sess.keep and sess.phase != "running":
-        what = {
-            "conflict": f"stopped at a conflict in {sess.checkout}",
-            "applied": "applied but not finished (a later step failed)",
-        }.get(sess.phase, sess.phase)
-        raise SeriesError(f"a rebase to {sess.to} is in progress ({what}); {hints.REBASE_OPEN}")
     log(f"discarding the scratch work of an interrupted rebase to {sess.to}"
         f" (pid {sess.pid}); {Path(sess.patch_dir).name}/ was not touched")  # fmt: skip
     _discard(sess, log)
