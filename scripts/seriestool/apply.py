@@ -6,10 +6,11 @@ by ``placement``, then switched in one journaled ``git read-tree -m -u``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from . import base as base_mod
-from . import check_manifest, hints, interrupts, journal, patchset, placement, scratch, versions
+from . import check_manifest, hints, interrupts, journal, patchset, scratch, versions
 from . import git as g
 from . import manifest as manifest_mod
 from .errors import SeriesError
@@ -41,9 +42,7 @@ def refuse_unsafe_state(repo: Path) -> None:
     journal.refuse_leftover(repo)
     op = g.operation_in_progress(repo)
     if op:
-        abort = {"git am": "am", "git rebase": "rebase", "git rebase (apply backend)": "rebase",
-                 "git merge": "merge", "git cherry-pick": "cherry-pick",
-                 "git revert": "revert", "git bisect": "bisect"}[op]  # fmt: skip
+        abort = op.split()[1]  # "git rebase (apply backend)": rebase
         verb = "reset" if abort == "bisect" else "--abort"
         raise SeriesError(
             f"{repo}: a {op} is in progress; finish it, or abort it with\n"
@@ -71,14 +70,11 @@ def _apply(
     repo: Path, manifest: manifest_mod.Manifest, patch_dir: Path, log, guard: interrupts.Guard
 ) -> int:
     repo = g.checkout_top(repo)  # a folder inside a bigger repository is refused
-    problems = check_manifest.problems(manifest, patch_dir)
-    if problems:
-        raise SeriesError(
-            "the patch files disagree with the manifest; not applying them:\n  "
-            + "\n  ".join(problems)
-            + f"\n{check_manifest.fix_series(patch_dir)}.  A patch is changed as a commit of"
-            ' the series branch of an applied checkout, then exported (README: "Changing a patch")'
-        )
+    check_manifest.refuse(
+        manifest, patch_dir, "the patch files disagree with the manifest; not applying them",
+        f"\n{check_manifest.fix_series(patch_dir)}.  A patch is changed as a commit of the"
+        ' series branch of an applied checkout, then exported (README: "Changing a patch")',
+    )  # fmt: skip
     refuse_unsafe_state(repo)
     if not manifest.patches:
         log("the series is empty; nothing to apply")
@@ -114,63 +110,44 @@ def _apply(
             raise SeriesError(_upgrade(repo, head, held, manifest, patch_dir))
         raise SeriesError(_not_at_base(repo, head, manifest, patch_dir, differ))
 
-    created = {p for p in paths if states[0][p] is None and states[-1][p] is not None}
-    in_the_way = journal.occupied(repo, created)
-    if in_the_way:
-        raise SeriesError(
-            f"the series creates files that already exist in {repo}; apply never"
-            " overwrites them:\n  "
-            + "\n  ".join(in_the_way)
-            + "\nmove them out of the way and run again"
-        )
-
+    # What the series creates, with the blob it writes there.
+    created = {p: {states[-1][p]} for p in paths if states[0][p] is None and states[-1][p]}
     start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
-    if kept := g.rev(repo, f"refs/heads/{branch}"):
-        return _switch_to_kept(repo, branch, head, kept, start_from, states[-1], paths, created,
-                               patch_dir, log, guard)  # fmt: skip
+    ref, result = f"refs/heads/{branch}", states[-1]
+    kept = g.rev(repo, ref)
+    config = {} if kept else {f"branch.{branch}.{SERIES_BASE_KEY}": head}
+    config[f"branch.{branch}.{SERIES_FROM_KEY}"] = start_from
     # The series' objects wait aside until the checkout is switched to them.
-    with scratch.quarantine(repo) as objects:
-        tip, commits = _build(repo, head, patches, images, states[-1], paths, objects)
-        config = {
-            f"branch.{branch}.{SERIES_BASE_KEY}": head,
-            f"branch.{branch}.{SERIES_FROM_KEY}": start_from,
-        }
+    with contextlib.nullcontext() if kept else scratch.quarantine(repo) as objects:
+        if kept:  # `make remove` keeps the branch: switch to it if it is this series on HEAD
+            recorded = g.branch_config(repo, branch, SERIES_BASE_KEY)
+            mine = versions.foreign_commits(repo, head, kept, patch_dir)
+            if g.rev(repo, recorded or "-") != head or mine or g.blob_ids(
+                repo, kept, paths) != result:  # fmt: skip
+                what = (f"{len(mine)} commit(s) of no series version this repository knows"
+                        if mine else "not this series on HEAD's commit")  # fmt: skip
+                raise SeriesError(_in_the_way(repo, branch, f"it holds {what}"))
+            tip, before = kept, []
+        else:
+            tip, commits = _build(repo, head, patches, images, result, paths, objects)
+            before = [("update-ref", "-m", "seriestool apply", ref, tip, "0" * 40)]
+        before += [("config", key, value) for key, value in config.items()]
         scope = journal.Scope(
-            paths={p: [states[-1][p]] if states[-1][p] else [] for p in paths},
-            refs={f"refs/heads/{branch}": [tip]},
+            paths={p: [result[p]] if result[p] else [] for p in paths},
+            refs={ref: [tip]},
             config=config,
         )
-        before = [("update-ref", "-m", "seriestool apply", f"refs/heads/{branch}", tip, "0" * 40)]
-        before += [("config", key, value) for key, value in config.items()]
-        switch(repo, "apply", head, tip, f"refs/heads/{branch}", scope,
-               {p: {states[-1][p]} for p in created}, log, before, objects=objects)  # fmt: skip
+        switch(repo, "apply", head, tip, ref, scope, created, log, before, objects=objects)
     guard.completed()
+    if kept:
+        log(f"switched {repo} to branch {branch}, which holds the series on this commit already")
+        return 0
     log(f"applied {len(commits)} patches on new branch {branch} in {repo}")
-    log(_summary(manifest, commits, "applied"))
-    return 0
-
-
-def _switch_to_kept(repo, branch, head, kept, start_from, result, paths, created, patch_dir, log,
-                    guard) -> int:  # fmt: skip
-    """The series branch is there already (``make remove`` keeps it): switch to it
-    if it is this series on HEAD's commit and nothing else, else refuse."""
-    recorded = g.branch_config(repo, branch, SERIES_BASE_KEY)
-    mine = versions.foreign_commits(repo, head, kept, patch_dir)
-    if g.rev(repo, recorded or "-") != head or mine or g.blob_ids(
-        repo, kept, paths) != result:  # fmt: skip
-        what = (f"{len(mine)} commit(s) of no series version this repository knows"
-                if mine else "not this series on HEAD's commit")  # fmt: skip
-        raise SeriesError(_in_the_way(repo, branch, f"it holds {what}"))
-    key = f"branch.{branch}.{SERIES_FROM_KEY}"
-    scope = journal.Scope(
-        paths={p: [result[p]] if result[p] else [] for p in paths},
-        refs={f"refs/heads/{branch}": [kept]},
-        config={key: start_from},
-    )
-    switch(repo, "apply", head, kept, f"refs/heads/{branch}", scope,
-           {p: {result[p]} for p in created}, log, [("config", key, start_from)])  # fmt: skip
-    guard.completed()
-    log(f"switched {repo} to branch {branch}, which holds the series on this commit already")
+    rows = [
+        (p.file, p.subject, commit[:12], p.patch_id[:12], "applied")
+        for p, commit in zip(manifest.patches, commits, strict=True)
+    ]
+    log(table(("patch", "subject", "commit", "stable patch ID", "status"), rows))
     return 0
 
 
@@ -202,12 +179,20 @@ def _changed_on_branch(repo: Path, branch: str, base: str, head: str, patch_dir:
 
 
 def switch(repo: Path, op: str, start: str, tip: str, head_to: str, scope: journal.Scope,
-           created: dict[str, set[str]], log, before=(), after=(),
+           created: dict[str, set[str]], log, before=(), after=(), hint: str = "",
            objects: dict[str, str] | None = None, keep: bool = False) -> None:  # fmt: skip
     """Work tree and index from ``start`` to ``tip``, HEAD to ``head_to`` (a ref or
     a commit), git commands ``before`` and ``after``, in one journaled transaction
-    (``created``: paths ``tip`` adds, checked free; ``objects``: a quarantine
+    (``created``: paths ``tip`` adds, refused, changing nothing, where a file of the
+    user's is in the way, ``hint``: another way out; ``objects``: a quarantine
     holding ``tip``, kept only on success; ``keep``: keep the journal)."""
+    in_the_way = journal.occupied(repo, created)
+    if in_the_way:
+        raise SeriesError(
+            f"the {op} puts files where {repo} has files of its own, which it never"
+            " overwrites:\n  " + "\n  ".join(in_the_way) + f"\nmove them out of the way{hint}"
+            " and run again"
+        )
     tx = journal.Transaction.begin(repo, op, created, scope)
     moved = []
     try:
@@ -253,15 +238,11 @@ def _not_at_base(repo, head, manifest, patch_dir, differ) -> str:
     """The refusal of a checkout not at the pinned base, with the way there: the
     upstream tag in an upstream clone (it has the tag or a remote of upstream
     vLLM), where the tag has the base's files; else the materialised base."""
-    b, checkout = (
-        manifest.base,
-        f"{hints.git(repo, 'checkout', '--detach', f'v{manifest.base.version}')}",
-    )
+    b = manifest.base
+    checkout = hints.git(repo, "checkout", "--detach", f"v{b.version}")
     tagged = g.rev(repo, f"refs/tags/v{b.version}")
-    urls = g.git(repo, "config", "--get-regexp", r"^remote\..*\.url$", check=False).stdout.split(
-        "\n"
-    )
-    remote = next((key[7:-4] for key, _, url in (u.partition(" ") for u in urls)
+    urls = g.git(repo, "config", "--get-regexp", r"^remote\..*\.url$", check=False).stdout
+    remote = next((key[7:-4] for key, _, url in (u.partition(" ") for u in urls.splitlines())
                    if "github.com/vllm-project/vllm" in url.lower()), None)  # fmt: skip
     if tagged and g.blob_ids(repo, tagged, sorted(b.touched_files)) == b.touched_files:
         way = f"Its tag v{b.version} has the base's files (blob ids compared):\n    {checkout}"
@@ -318,25 +299,13 @@ def _build(repo: Path, start: str, patches: list[Path], images: list,
     into ``repo``'s quarantine ``objects`` (no ref, no file of it changes)."""
     identity = g.user_identity(repo)
     with scratch.checkout(repo, start, paths) as work:
-        commits = []
-        before = start
-        for number, (patch, image) in enumerate(zip(patches, images, strict=True), 1):
-            try:
-                patchset.am(work, [patch], env=identity)
-            except SeriesError as e:
-                raise SeriesError(
-                    f"the series does not apply to {repo}; nothing was changed\n  "
-                    + _failure_detail(work, str(e), number, patch)
-                ) from None
-            after = g.out(work, "rev-parse", "HEAD")
-            disagree = placement.check(work, before, after, image, ours="the checkout")
-            if disagree or after == before:
-                raise SeriesError(
-                    f"{patch.name} does not give its recorded result on {repo}; nothing was"
-                    " changed\n  " + "\n  ".join(disagree or ["it made no change"])
-                )
-            commits.append(after)
-            before = after
+        try:
+            commits = scratch.apply_patches(work, patches, images, "the checkout", env=identity)
+        except SeriesError as e:
+            raise SeriesError(
+                f"the series does not apply to {repo}; nothing was changed\n  {e}"
+            ) from None
+        before = commits[-1]
         actual = g.blob_ids(work, before, paths)
         wrong = [p for p in paths if actual[p] != result[p]]
         if wrong:
@@ -348,29 +317,6 @@ def _build(repo: Path, start: str, patches: list[Path], images: list,
         g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
               str(work), before, env=objects)  # fmt: skip
     return before, commits
-
-
-def _failure_detail(work: Path, am_error: str, number: int, patch: Path) -> str:
-    """Which patch failed and where: conflicts and git's own messages."""
-    lines = [f"failing patch: number {number} of the series ({patch.name})"]
-    lines += patchset.conflict_lines(work, ours="the checkout")
-    # git's own explanation (patch failed: FILE:LINE, ...), without the hints
-    # about `git am --continue`: the am ran in a scratch repository.
-    message = am_error.split(": ", 1)[1] if am_error.startswith("git ") else am_error
-    for line in message.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("hint:", "When you have resolved", "If you prefer",
-                                         "To restore the original", "Use 'git am")):  # fmt: skip
-            lines.append(line)
-    return "\n  ".join(lines)
-
-
-def _summary(manifest: manifest_mod.Manifest, commits: list[str], status: str) -> str:
-    rows = [
-        (p.file, p.subject, commit[:12], p.patch_id[:12], status)
-        for p, commit in zip(manifest.patches, commits, strict=True)
-    ]
-    return table(("patch", "subject", "commit", "stable patch ID", "status"), rows)
 
 
 def run(args: argparse.Namespace) -> int:

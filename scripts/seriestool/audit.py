@@ -218,7 +218,8 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
     for result, commit in zip(results, series_commits, strict=True):
         result.patch_id = series_ids.get(commit)
     cons_order = [c for c, _ in cons_ids]
-    unclaimed = dict(cons_ids)  # commit -> patch ID, in range order
+    m = _Match(scratch, base, series_commits, cons_order, results, dict(cons_ids), pathspecs)
+    unclaimed = m.unclaimed
 
     # identical: the same verbatim patch ID, each commit used once.
     by_id: dict[str, list[str]] = {}
@@ -230,15 +231,10 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
             result.status, result.commits = IDENTICAL, [candidates[0]]
             del unclaimed[candidates[0]]
 
-    _find_combined(scratch, base, series_commits, results, unclaimed, pathspecs)
-    _find_split(scratch, base, cons_order, results, unclaimed, pathspecs)
-
-    pending = [r for r in results if r.status == MISSING]
-    if pending and unclaimed:
-        _pair_with_range_diff(
-            scratch, base, series_commits, results, unclaimed, paths,
-            set(cons_order), creation_factor,
-        )  # fmt: skip
+    _find_combined(m)
+    _find_split(m)
+    if unclaimed and any(r.status == MISSING for r in results):
+        _pair_with_range_diff(m, creation_factor)
 
     extras = [c for c in cons_order if c in unclaimed]
     info = _commit_info(scratch, extras, pathspecs) if extras else {}
@@ -246,16 +242,24 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
     return extra, _end_state(scratch, series_tip, cons, paths)
 
 
-def _find_combined(
-    scratch: Path,
-    base: str,
-    series_commits: list[str],
-    results: list[PatchResult],
-    unclaimed: dict[str, str],
-    pathspecs: list[str],
-) -> None:
+@dataclasses.dataclass
+class _Match:
+    """What the matching steps share; ``unclaimed``: the consolidated commits no
+    patch has claimed yet (commit -> patch ID, in range order)."""
+
+    scratch: Path
+    base: str
+    series_commits: list[str]
+    cons_order: list[str]
+    results: list[PatchResult]
+    unclaimed: dict[str, str]
+    pathspecs: list[str]
+
+
+def _find_combined(m: _Match) -> None:
     """Mark runs of consecutive unmatched patches squashed into one commit (docs/audit.md),
     longest runs first, so a squash of three is not reported as two."""
+    results, unclaimed, series_commits = m.results, m.unclaimed, m.series_commits
     if not unclaimed:
         return
     unmatched = [i for i, r in enumerate(results) if r.status == MISSING and r.patch_id]
@@ -270,8 +274,8 @@ def _find_combined(
     ]
     if not spans:
         return
-    ids = _span_ids(scratch, {(a, b): (series_commits[b], series_commits[a - 1] if a else base)
-                              for a, b in spans}, pathspecs)  # fmt: skip
+    ids = _span_ids(m, {(a, b): (series_commits[b], series_commits[a - 1] if a else m.base)
+                        for a, b in spans})  # fmt: skip
     for first, last in sorted(spans, key=lambda s: (s[0] - s[1], s[0])):
         members = results[first : last + 1]
         if any(r.status != MISSING for r in members):
@@ -288,24 +292,17 @@ def _find_combined(
             r.note = "squashed with " + ", ".join(n for n in names if not r.file.startswith(n))
 
 
-def _find_split(
-    scratch: Path,
-    base: str,
-    cons_order: list[str],
-    results: list[PatchResult],
-    unclaimed: dict[str, str],
-    pathspecs: list[str],
-) -> None:
+def _find_split(m: _Match) -> None:
     """Mark a still unmatched patch split into 2 to ``SPLIT_MAX`` consecutive
     unclaimed commits (docs/audit.md)."""
+    results, unclaimed, cons_order = m.results, m.unclaimed, m.cons_order
     wanted = {r.patch_id: r for r in results if r.status == MISSING and r.patch_id}
     n = len(cons_order)
     spans = [(i, j) for i in range(n) for j in range(i + 1, min(i + SPLIT_MAX, n))
              if all(c in unclaimed for c in cons_order[i : j + 1])]  # fmt: skip
     if not wanted or not spans:
         return
-    ids = _span_ids(scratch, {(i, j): (cons_order[j], f"{cons_order[i]}^") for i, j in spans},
-                    pathspecs)  # fmt: skip
+    ids = _span_ids(m, {(i, j): (cons_order[j], f"{cons_order[i]}^") for i, j in spans})
     for (i, j), pid in ids.items():
         result, parts = wanted.get(pid), cons_order[i : j + 1]
         if result and result.status == MISSING and all(c in unclaimed for c in parts):
@@ -315,43 +312,35 @@ def _find_split(
             result.note = f"split into {len(parts)} consecutive commits"
 
 
-def _span_ids(scratch: Path, spans: dict, pathspecs: list[str]) -> dict:
-    """The patch ID (on ``pathspecs``) of each span's combined diff, ``{key: (tip,
+def _span_ids(m: _Match, spans: dict) -> dict:
+    """The patch ID (on the series paths) of each span's combined diff, ``{key: (tip,
     parent)}``: of a synthetic commit of ``tip``'s tree on ``parent``."""
-    made = {g.out(scratch, "commit-tree", f"{tip}^{{tree}}", "-p", parent, "-m", "span",
+    made = {g.out(m.scratch, "commit-tree", f"{tip}^{{tree}}", "-p", parent, "-m", "span",
                   env=base_mod.BASE_IDENTITY): key
             for key, (tip, parent) in spans.items()}  # fmt: skip
-    ids = patchset.patch_ids_of_commits(scratch, list(made), pathspecs)
+    ids = patchset.patch_ids_of_commits(m.scratch, list(made), m.pathspecs)
     return {made[c]: pid for c, pid in ids.items()}
 
 
-def _pair_with_range_diff(
-    scratch: Path,
-    base: str,
-    series_commits: list[str],
-    results: list[PatchResult],
-    unclaimed: dict[str, str],
-    paths: list[str],
-    cons_known: set[str],
-    creation_factor: int | None,
-) -> None:
+def _pair_with_range_diff(m: _Match, creation_factor: int | None) -> None:
     """Pair still-missing patches with unclaimed commits by ``git range-diff`` of
     both histories on the series paths (docs/audit.md)."""
+    scratch, base, unclaimed = m.scratch, m.base, m.unclaimed
     tips = [g.out(scratch, "rev-parse", ref) for ref in (_SERIES_REF, _CONSOLIDATED_REF)]
     text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
-                                [f":(literal){p}" for p in paths])  # fmt: skip
+                                m.pathspecs)  # fmt: skip
     left, right = (
         sorted(g.out(scratch, "rev-list", "--no-merges", f"{base}..{tip}").split()) for tip in tips
     )
 
-    series_index = {c: i for i, c in enumerate(series_commits)}
+    series_index = {c: i for i, c in enumerate(m.series_commits)}
     for pair in rangediff.parse(text):
         if pair.status not in "=!":
             continue
         lold, rold = _by_prefix(left, pair.left_sha), _by_prefix(right, pair.right_sha)
-        if lold not in series_index or rold not in unclaimed or rold not in cons_known:
+        if lold not in series_index or rold not in unclaimed:
             continue
-        result = results[series_index[lold]]
+        result = m.results[series_index[lold]]
         if result.status != MISSING:
             continue
         del unclaimed[rold]
@@ -372,8 +361,10 @@ def _by_prefix(commits: list[str], prefix: str | None) -> str | None:
 
 def _end_state(scratch: Path, series_tip: str, cons: str, paths: list[str]) -> list[FileState]:
     """Mode and blob of every series path at both tips; a ``git diff`` for each difference."""
-    series = _tree_entries(scratch, series_tip, paths)
-    consolidated = _tree_entries(scratch, cons, paths)
+    series, consolidated = (
+        {path: {"mode": mode, "blob": oid} for path, (mode, oid) in entries.items()}
+        for entries in (g.tree_entries(scratch, tip, paths) for tip in (series_tip, cons))
+    )
     files = []
     for path in paths:
         state = FileState(path, series.get(path), consolidated.get(path))
@@ -451,14 +442,6 @@ def _refuse_unplaceable(
             " lacks the blobs a 3-way merge would place the series with:\n  "
             + "\n  ".join(lacking) + "\n" + advice
         )  # fmt: skip
-
-
-def _tree_entries(repo: Path, commit: str, paths: list[str]) -> dict[str, dict[str, str]]:
-    """``{"mode", "blob"}`` of each series path in ``commit`` (the report's form)."""
-    return {
-        path: {"mode": mode, "blob": oid}
-        for path, (mode, oid) in g.tree_entries(repo, commit, paths).items()
-    }
 
 
 def _commit_info(
@@ -660,13 +643,11 @@ def _run(args: argparse.Namespace) -> Report:
     manifest = manifest_mod.load(manifest_path)
     # The audit rebuilds the series from the patch files: ones that are not the
     # manifest's series would pass a branch against an edited series.
-    if found := check_manifest.problems(manifest, patch_dir):
-        raise SeriesError(
-            f"the series in {patch_dir} disagrees with {manifest_path}, so there is no"
-            " trustworthy series to audit against:\n  "
-            + "\n  ".join(found)
-            + f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again"
-        )
+    check_manifest.refuse(
+        manifest, patch_dir, f"the series in {patch_dir} disagrees with {manifest_path}, so"
+        " there is no trustworthy series to audit against",
+        f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again",
+    )  # fmt: skip
     repo = args.vllm or base_mod.WORK_DIR / "vllm"
     if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
         args.base = default_base(repo, manifest.base)

@@ -11,6 +11,7 @@ from . import base as base_mod
 from . import git as g
 from . import hints, patchset, seriesdoc
 from . import manifest as manifest_mod
+from .errors import SeriesError
 
 
 def problems(
@@ -65,6 +66,12 @@ def problems(
             f" untouched {stale}; re-export (`{hints.make('export')}`)"
         )
     return found
+
+
+def refuse(manifest: manifest_mod.Manifest, patch_dir: Path, head: str, tail: str) -> None:
+    """Raise ``head``, each of ``problems`` on a line, then ``tail``, if there are any."""
+    if found := problems(manifest, patch_dir):
+        raise SeriesError(f"{head}:\n  " + "\n  ".join(found) + tail)
 
 
 def base_problems(manifest: manifest_mod.Manifest, patch_dir: Path) -> list[str]:

@@ -155,9 +155,6 @@ class Comparison:
             f" ...}} in {versions.PATCH_DIR}/{versions.MANIFEST} when cutting the next version"
         ] + self.recorded_notes
 
-    def draft(self) -> str:
-        return changelog.draft(self)
-
     def to_dict(self) -> dict:
         return {
             "from": self.old.to_dict(self.changes, old=True),
@@ -166,7 +163,7 @@ class Comparison:
             "summary": dict(_summary(self.changes)),
             "range_diff": self.range_diff,
             "notes": self.notes,
-            "draft": self.draft(),
+            "draft": changelog.draft(self),
         }
 
 
@@ -183,79 +180,71 @@ def compare(
     repo = g.toplevel(Path(repo))
     old_state = versions.resolve(repo, from_spec)
     new_state = versions.resolve(repo, to_spec)
-    with tempfile.TemporaryDirectory(prefix="seriestool-compare-") as tmp:
-        return _compare_in(Path(tmp), repo, old_state, new_state, vllm, log)
+    with tempfile.TemporaryDirectory(prefix="seriestool-compare-") as tmp_name:
+        tmp = Path(tmp_name)
+        old_manifest = versions.write_patches(repo, old_state, tmp / "from")
+        new_manifest = versions.write_patches(repo, new_state, tmp / "to")
+        old_files = old_manifest.patch_paths(tmp / "from")
+        new_files = new_manifest.patch_paths(tmp / "to")
+        images, touched = patchset.images_and_paths(old_files + new_files)
+        paths = sorted({p for each in touched for p in each})
+        split = len(old_files)
 
+        scratch: Path | None = None
+        sides = []
+        for state, manifest, files, side_images in (
+            (old_state, old_manifest, old_files, images[:split]),
+            (new_state, new_manifest, new_files, images[split:]),
+        ):
+            base: str | None = None
+            commits: list[str] = []
+            if files:  # an empty series needs no base
+                source, base = _base_commit(state, manifest, vllm, log)
+                if scratch is None:
+                    scratch = scratch_mod.make_checkout(source, tmp / "scratch", base, paths)
+                else:
+                    scratch_mod.add_alternate(scratch, source)
+                    g.git(scratch, "checkout", "-q", "--detach", base)
+                b = manifest.base
+                ours = f"its pinned base {b.project} {b.version} ({base[:12]})"
+                try:
+                    commits = scratch_mod.apply_patches(
+                        scratch, files, side_images, ours, env=g.SCRATCH_COMMITTER
+                    )
+                except SeriesError as e:
+                    raise SeriesError(f"{state.label}: {e}") from None
+            patches = [
+                Patch(n, f.name, patchset.subject_of_file(f), c)
+                for n, (f, c) in enumerate(zip(files, commits, strict=True), 1)
+            ]
+            sides.append(Side(state, manifest, base, patches))
+        old, new = sides
+        if scratch is None:  # both series are empty
+            return Comparison(old, new, "", [])
 
-def _compare_in(
-    tmp: Path,
-    repo: Path,
-    old_state: versions.SeriesVersion,
-    new_state: versions.SeriesVersion,
-    vllm: Path | None,
-    log: Log,
-) -> Comparison:
-    old_manifest = versions.write_patches(repo, old_state, tmp / "from")
-    new_manifest = versions.write_patches(repo, new_state, tmp / "to")
-    old_files = old_manifest.patch_paths(tmp / "from")
-    new_files = new_manifest.patch_paths(tmp / "to")
-    images, touched = patchset.images_and_paths(old_files + new_files)
-    paths = sorted({p for each in touched for p in each})
-    split = len(old_files)
-
-    scratch: Path | None = None
-    sides = []
-    for state, manifest, files, side_images in (
-        (old_state, old_manifest, old_files, images[:split]),
-        (new_state, new_manifest, new_files, images[split:]),
-    ):
-        base: str | None = None
-        commits: list[str] = []
-        if files:  # an empty series needs no base
-            source, base = _base_commit(state, manifest, vllm, log)
-            if scratch is None:
-                scratch = scratch_mod.make_checkout(source, tmp / "scratch", base, paths)
-            else:
-                scratch_mod.add_alternate(scratch, source)
-                g.git(scratch, "checkout", "-q", "--detach", base)
-            b = manifest.base
-            ours = f"its pinned base {b.project} {b.version} ({base[:12]})"
-            try:
-                commits = scratch_mod.apply_patches(
-                    scratch, files, side_images, ours, env=g.SCRATCH_COMMITTER
-                )
-            except SeriesError as e:
-                raise SeriesError(f"{state.label}: {e}") from None
-        patches = [
-            Patch(n, f.name, patchset.subject_of_file(f), c)
-            for n, (f, c) in enumerate(zip(files, commits, strict=True), 1)
-        ]
-        sides.append(Side(state, manifest, base, patches))
-    old, new = sides
-    if scratch is None:  # both series are empty
-        return Comparison(old, new, "", [])
-
-    # range-diff of the two applied ranges; an empty side is an empty range.
-    old_base, new_base = old.base or new.base, new.base or old.base
-    assert old_base is not None and new_base is not None
-    old_tip = old.patches[-1].commit if old.patches else old_base
-    new_tip = new.patches[-1].commit if new.patches else new_base
-    text = rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
-    changes = _pair(scratch, old, new, text)
-    notes = _pair_recorded(scratch, old, new, changes)
-    # "previous" names the patches of the version just before the newer one:
-    # against an older one, a subject it names that is gone is no mistake.
-    known = list(versions.known_versions(repo))
-    before = known[known.index(new.state.version) + 1 :] if new.state.version in known else known
-    notes = notes if not before or before[0] == old.state.version else []
-    _mark_moved(changes)
-    for change in changes:
-        if change.status == "!":
-            _compare_pair(scratch, change)
-    _find_splits(scratch, changes)
-    for change in changes:
-        change.kinds = _kinds(change)
-    return Comparison(old, new, text, changes, notes)
+        # range-diff of the two applied ranges; an empty side is an empty range.
+        old_base, new_base = old.base or new.base, new.base or old.base
+        assert old_base is not None and new_base is not None
+        old_tip = old.patches[-1].commit if old.patches else old_base
+        new_tip = new.patches[-1].commit if new.patches else new_base
+        text = rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
+        changes = _pair(scratch, old, new, text)
+        notes = _pair_recorded(scratch, old, new, changes)
+        # "previous" names the patches of the version just before the newer one:
+        # against an older one, a subject it names that is gone is no mistake.
+        known = list(versions.known_versions(repo))
+        before = (
+            known[known.index(new.state.version) + 1 :] if new.state.version in known else known
+        )
+        notes = notes if not before or before[0] == old.state.version else []
+        _mark_moved(changes)
+        for change in changes:
+            if change.status == "!":
+                _compare_pair(scratch, change)
+        _find_splits(scratch, changes)
+        for change in changes:
+            change.kinds = _kinds(change)
+        return Comparison(old, new, text, changes, notes)
 
 
 def _base_commit(
@@ -542,7 +531,7 @@ def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
         lines.append(f"Draft of the changelog section written to {draft_path}")
     else:
         lines += ["Draft for SERIES.md (what git shows; edit it, and add the why):", "",
-                  comparison.draft().rstrip("\n")]  # fmt: skip
+                  changelog.draft(comparison).rstrip("\n")]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -567,7 +556,7 @@ def run(args: argparse.Namespace) -> int:
         with interrupts.deferred():
             comparison = compare(repo, args.from_spec, args.to_spec, args.vllm)
             if args.draft:
-                args.draft.write_text(comparison.draft(), encoding="utf-8",
+                args.draft.write_text(changelog.draft(comparison), encoding="utf-8",
                                       errors="surrogateescape")  # fmt: skip
     except interrupts.Interrupted:
         raise

@@ -10,6 +10,7 @@ needs neither git nor patch (qualification/README.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -144,20 +145,6 @@ def added_tests(checkout: Path, base_rev: str, path: str) -> list[str]:
     return [f"{path}::{n}" for n in re.findall(r"^\+(?:async )?def (test_\w+)\(", diff, re.M)]
 
 
-def _cached(key: str, name: str, build: Callable[[Path], dict], log) -> tuple[Path, dict]:
-    """An archive and its description, built once per ``key``."""
-    folder = CACHE_DIR / "trees" / key
-    archive = folder / f"{name}.tar.xz"
-    meta_path = folder / f"{name}.json"
-    if archive.exists() and meta_path.exists():
-        return archive, json.loads(meta_path.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    log(f"packing {name} ...")
-    meta = build(archive)
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-    return archive, meta
-
-
 def build_trees(
     base_repo: Path,
     base_branch: str,
@@ -193,14 +180,31 @@ def build_trees(
                 checkouts[name] = path
             return checkouts[name]
 
+        def add_tree(name: str, key: str, build: Callable[[Path], dict], prefix=None) -> None:
+            """Pack tree ``name`` once per cache ``key`` (with its description); copy it in."""
+            folder = CACHE_DIR / "trees" / key
+            archive, meta_path = folder / f"{name}.tar.xz", folder / f"{name}.json"
+            if archive.exists() and meta_path.exists():
+                meta = json.loads(meta_path.read_text())
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                log(f"packing {name} ...")
+                meta = build(archive)
+                meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+            shutil.copy2(archive, trees_dir / f"{name}.tar.xz")
+            overlay = {"overlay_of": "base", "patches": [p.name for p in prefix or []]}
+            result["trees"][name] = {
+                "archive": f"trees/{name}.tar.xz",
+                **(overlay if prefix is not None else {}),
+                **meta,
+            }
+
         def pack_base(dest: Path) -> dict:
             co = checkout("base", [])
             files = [p for p in g.out(co, "ls-files", "-z").split("\0") if in_tree(p)]
             return {"files": write_archive(co, files, dest)}
 
-        archive, meta = _cached(base_commit[:16], "base", pack_base, log)
-        shutil.copy2(archive, trees_dir / "base.tar.xz")
-        result["trees"]["base"] = {"archive": "trees/base.tar.xz", **meta}
+        add_tree("base", base_commit[:16], pack_base)
         if not patches:
             return result
 
@@ -208,35 +212,25 @@ def build_trees(
             series = checkout("series", patches)
         except SeriesError as e:
             raise SeriesError(f"the series does not apply to the base: {e}") from None
-        changed, deleted = changed_files(series, base_commit)
+        changed, _deleted = changed_files(series, base_commit)
 
-        def pack_overlay(co: Path, extra: Sequence[str] = ()) -> Callable[[Path], dict]:
-            def build(dest: Path) -> dict:
-                ch, de = changed_files(co, base_commit)
-                members = [p for p in ch if in_overlay(p)]
-                # Extra files (a control's test file) come from the full series.
-                for rel in extra:
-                    target = co / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(series / rel, target)
-                    if rel not in members:
-                        members.append(rel)
-                return {
-                    "files": write_archive(co, members, dest),
-                    "deleted": [p for p in de if in_overlay(p)],
-                    "changed": sorted(members),
-                }
+        def pack_overlay(co: Path, dest: Path, extra: Sequence[str] = ()) -> dict:
+            ch, de = changed_files(co, base_commit)
+            members = [p for p in ch if in_overlay(p)]
+            # Extra files (a control's test file) come from the full series.
+            for rel in extra:
+                target = co / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(series / rel, target)
+                if rel not in members:
+                    members.append(rel)
+            return {
+                "files": write_archive(co, members, dest),
+                "deleted": [p for p in de if in_overlay(p)],
+                "changed": sorted(members),
+            }
 
-            return build
-
-        archive, meta = _cached(series_key, "series", pack_overlay(series), log)
-        shutil.copy2(archive, trees_dir / "series.tar.xz")
-        result["trees"]["series"] = {
-            "archive": "trees/series.tar.xz",
-            "overlay_of": "base",
-            "patches": [p.name for p in patches],
-            **meta,
-        }
+        add_tree("series", series_key, functools.partial(pack_overlay, series), patches)
         tests = [p for p in changed if is_test_file(p)]
         upstream = [p for p in tests if g.out(series, "cat-file", "-t", f"{base_commit}:{p}",
                                               check=False) == "blob"]  # fmt: skip
@@ -254,14 +248,9 @@ def build_trees(
             without = patches[index]
             name = f"before-{without.name[:4]}"
             co = checkout(name, patches[:index])
-            archive, meta = _cached(series_key, name, pack_overlay(co, [path]), log)
-            shutil.copy2(archive, trees_dir / f"{name}.tar.xz")
-            result["trees"][name] = {
-                "archive": f"trees/{name}.tar.xz",
-                "overlay_of": "base",
-                "patches": [p.name for p in patches[:index]],
-                **meta,
-            }
+            add_tree(
+                name, series_key, functools.partial(pack_overlay, co, extra=[path]), patches[:index]
+            )
             result["negative_controls"].append(
                 {"tree": name, "test": test, "without_patch": without.name, "expect": "fail"}
             )
@@ -344,12 +333,7 @@ def folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def build_bundle(
-    manifest: manifest_mod.Manifest,
-    out_dir: Path = BUNDLE_DIR,
-    patch_dir: Path = manifest_mod.PATCH_DIR,
-    log=print,
-) -> dict:
+def build_bundle(manifest: manifest_mod.Manifest, out_dir: Path = BUNDLE_DIR, log=print) -> dict:
     """Write the whole bundle into ``out_dir`` (replacing it); returns bundle.json."""
     repo, commit, sha = base_mod.materialise_pinned(manifest, log=log)
     wheels = fetch_wheels(log=log)
@@ -360,9 +344,7 @@ def build_bundle(
     (staging / "wheels").mkdir(parents=True)
     for whl in wheels:
         shutil.copy2(whl, staging / "wheels" / whl.name)
-    trees = build_trees(
-        repo, base_mod.BASE_BRANCH, manifest.patch_paths(patch_dir), staging, log=log
-    )
+    trees = build_trees(repo, base_mod.BASE_BRANCH, manifest.patch_paths(), staging, log=log)
     bundle = {
         "schema": 1,
         "series": {"name": manifest.name, "version": manifest.version},

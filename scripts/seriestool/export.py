@@ -6,6 +6,7 @@ manifest (docs/checkout-safety.md: "What make export refuses").
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -52,9 +53,8 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
     """Refuse an empty commit (git am stops at it), or one whose subject or body
     ``git mailinfo`` (what ``git am`` reads a patch with) would not give back."""
     what = f"commit {commit[:12]} ({patch.name})"
-    if g.out(repo, "rev-parse", f"{commit}^{{tree}}") == g.out(
-        repo, "rev-parse", f"{commit}^^{{tree}}"
-    ):
+    trees = g.out(repo, "rev-parse", f"{commit}^{{tree}}", f"{commit}^^{{tree}}").split()
+    if trees[0] == trees[1]:
         raise SeriesError(
             f"{what} is empty: it changes no file, and git am stops at an empty patch;"
             " drop it from the branch (e.g. with `git rebase -i`) and export again"
@@ -67,10 +67,8 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
         info = g.out(repo, "mailinfo", "-b", "--no-scissors", str(msg),
                      str(rest), input=patch.read_bytes())  # fmt: skip
         parsed = g.decode(msg.read_bytes()).strip()
-    parsed_subject = next(
-        (line[len("Subject: ") :] for line in info.splitlines() if line.startswith("Subject: ")),
-        "",
-    )
+    found = re.search(r"(?m)^Subject: (.*)$", info)
+    parsed_subject = found[1] if found else ""
     if parsed_subject != subject:
         raise SeriesError(
             f"the subject of {what} would be rewritten by git am: {subject!r} becomes"

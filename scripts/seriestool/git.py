@@ -195,6 +195,16 @@ def has_object(repo: Path, oid: str) -> bool:
     return git(repo, "cat-file", "-e", oid, check=False).returncode == 0
 
 
+def blob(repo: Path, obj: str, check: bool = False) -> bytes | None:
+    """The bytes of blob ``obj`` (an id or ``rev:path``); None when there is none."""
+    proc = git(repo, "cat-file", "blob", obj, check=check, text=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def describe_blob(oid: str | None) -> str:
+    return "absent" if oid is None else f"blob {oid[:12]}"
+
+
 def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tuple[str, str]]:
     """``(mode, blob id)`` of each of ``paths`` (literal) that is a file in ``commit``."""
     if not paths:
@@ -210,6 +220,17 @@ def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tup
         mode, kind, oid = meta.split()
         if kind == "blob" and path in wanted:
             entries[path] = (mode, oid)
+    return entries
+
+
+def index_entries(repo: Path, index: Path | None = None) -> dict[str, list[tuple[str, ...]]]:
+    """``path -> [(mode, blob id, stage), ...]`` of the index (or of ``index``)."""
+    env = {"GIT_INDEX_FILE": str(index)} if index else None
+    entries: dict[str, list[tuple[str, ...]]] = {}
+    for entry in out(repo, "ls-files", "-s", "-z", env=env).split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            entries.setdefault(path, []).append(tuple(meta.split()))
     return entries
 
 

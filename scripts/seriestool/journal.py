@@ -19,6 +19,7 @@ from pathlib import Path
 from . import git as g
 from . import hints, interrupts
 from .errors import SeriesError
+from .manifest import write_atomic
 
 JOURNAL = "seriestool-journal"
 # git state files an interrupted command may leave in the git folder.
@@ -163,12 +164,6 @@ def _refs(repo: Path) -> dict[str, str]:
     return dict(line.rsplit(" ", 1) for line in listing.splitlines() if line)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".seriestool-tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 class Transaction:
     """See the module doc.  ``begin()`` then ``commit()`` or ``rollback()``."""
 
@@ -211,7 +206,7 @@ class Transaction:
             shutil.copy2(cdir / "config", folder / "config")
             # The journal counts once this file is complete.
             data = json.dumps(dataclasses.asdict(journal)).encode()
-            _write_atomic(folder / "journal.json", data)
+            write_atomic(folder / "journal.json", data)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -236,13 +231,6 @@ class Transaction:
     def commit(self) -> None:
         """The change stands: drop the journal."""
         shutil.rmtree(self.dir)
-
-    def rollback(self, keep_refs=()) -> list[str]:
-        """Put the checkout back as journaled, whatever changed since (see
-        ``refuse_foreign_changes``); returns notes on anything left.  ``keep_refs``:
-        refs the change made that stay (a branch holding a finished rebase)."""
-        with interrupts.shielded():
-            return self._rollback(set(keep_refs))
 
     def refuse_foreign_changes(self, force_command: str) -> None:
         """Refuse, naming ``force_command``, when a rollback would undo more than
@@ -328,8 +316,8 @@ class Transaction:
 
     def _foreign_index(self) -> list[str]:
         scope = self.journal.scope
-        now = _index_entries(self.repo, None)
-        before = _index_entries(self.repo, self.dir / "index") if self.journal.had_index else {}
+        now = g.index_entries(self.repo)
+        before = g.index_entries(self.repo, self.dir / "index") if self.journal.had_index else {}
         found = []
         for path in sorted(set(now) | set(before)):
             if now.get(path) == before.get(path):
@@ -377,7 +365,11 @@ class Transaction:
         changed = g.out(self.repo, "diff-files", "--name-only", "-z", env=env)
         return [p for p in changed.split("\0") if p]
 
-    def _rollback(self, keep_refs: set[str]) -> list[str]:
+    @interrupts.shielded()
+    def rollback(self, keep_refs=()) -> list[str]:
+        """Put the checkout back as journaled, whatever changed since (see
+        ``refuse_foreign_changes``); returns notes on anything left.  ``keep_refs``:
+        refs the change made that stay (a branch holding a finished rebase)."""
         j, repo, gdir = self.journal, self.repo, self.git_dir
         for name in _GIT_LEFTOVERS:
             path = gdir / name
@@ -388,14 +380,14 @@ class Transaction:
         with tempfile.TemporaryDirectory(prefix="seriestool-journal-") as tmp:
             notes = self._restore_work_tree(Path(tmp))
         if j.had_index:
-            _write_atomic(gdir / "index", (self.dir / "index").read_bytes())
+            write_atomic(gdir / "index", (self.dir / "index").read_bytes())
         else:
             (gdir / "index").unlink(missing_ok=True)
-        _write_atomic(gdir / "HEAD", g.encode(j.head_raw))
+        write_atomic(gdir / "HEAD", g.encode(j.head_raw))
         if j.orig_head_raw is None:
             (gdir / "ORIG_HEAD").unlink(missing_ok=True)
         else:
-            _write_atomic(gdir / "ORIG_HEAD", g.encode(j.orig_head_raw))
+            write_atomic(gdir / "ORIG_HEAD", g.encode(j.orig_head_raw))
         now = _refs(repo)
         for ref, oid in now.items():
             if ref not in j.refs and ref not in keep_refs:
@@ -406,7 +398,7 @@ class Transaction:
         config = self.common_dir / "config"
         saved = (self.dir / "config").read_bytes()
         if config.read_bytes() != saved:
-            _write_atomic(config, saved)
+            write_atomic(config, saved)
         shutil.rmtree(self.dir)
         return notes
 
@@ -451,17 +443,6 @@ def _blob_of(repo: Path, path: str) -> str:
     if full.is_symlink():
         return g.out(repo, "hash-object", "--stdin", input=os.readlink(full))
     return g.out(repo, "hash-object", f"--path={path}", "--", str(full))
-
-
-def _index_entries(repo: Path, index: Path | None) -> dict[str, list[tuple[str, ...]]]:
-    """``path -> [(mode, blob id, stage), ...]`` of the index (or of ``index``)."""
-    env = {"GIT_INDEX_FILE": str(index)} if index else None
-    entries: dict[str, list[tuple[str, ...]]] = {}
-    for entry in g.out(repo, "ls-files", "-s", "-z", env=env).split("\0"):
-        if entry:
-            meta, path = entry.split("\t", 1)
-            entries.setdefault(path, []).append(tuple(meta.split()))
-    return entries
 
 
 def _canonical(key: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 from pathlib import Path
 
 from .errors import SeriesError
@@ -87,10 +88,7 @@ class Manifest:
             "patches": [dataclasses.asdict(p) for p in self.patches],
             "regression_tests": dataclasses.asdict(self.regression_tests),
         }
-        # Write then rename: an interrupted save never leaves half a manifest.
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, json.dumps(data, indent=2) + "\n")
 
     def prune_departed(self, renamed: dict[str, str] | None = None) -> list[str]:
         """Follow ``renamed`` (old subject -> new, for a reworded patch) in
@@ -134,6 +132,14 @@ class Manifest:
         for group in self.groups:
             group.depends = through(group.depends)
         return notes
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` (text as UTF-8) through a file renamed over it: an
+    interrupted write never leaves half a file."""
+    tmp = path.with_name(path.name + ".seriestool-tmp")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
 
 
 def normalise(subject: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.header
 import email.parser
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,17 +92,12 @@ def files_touched(repo: Path, patch: Path) -> list[str]:
     key = sha256_of_file(patch)
     if key not in _numstats:
         cwd = g.toplevel(repo) if g.is_repo(repo) else repo
-        _numstats[key] = _numstat_paths(cwd, [], patch)
+        paths: set[str] = set()
+        for reverse in ([], ["-R"]):
+            numstat = g.out(cwd, "apply", *reverse, "--numstat", "-z", str(patch.resolve()))
+            paths.update(entry.split("\t", 2)[2] for entry in numstat.split("\0") if entry)
+        _numstats[key] = sorted(paths)
     return _numstats[key]
-
-
-def _numstat_paths(cwd: Path, git_dir: list[str], patch: Path) -> list[str]:
-    """Both sides' paths of ``git apply [-R] --numstat``, run in ``cwd``."""
-    paths: set[str] = set()
-    for reverse in ([], ["-R"]):
-        numstat = g.out(cwd, *git_dir, "apply", *reverse, "--numstat", "-z", str(patch.resolve()))
-        paths.update(entry.split("\t", 2)[2] for entry in numstat.split("\0") if entry)
-    return sorted(paths)
 
 
 def am(
@@ -141,7 +137,7 @@ def images_and_paths(patches: Sequence[Path]) -> tuple[list[Image], list[list[st
         gdir = Path(tmp) / "empty.git"
         g.git(tmp, "init", "-q", "--bare", "--template=", str(gdir))
         for patch in patches:
-            paths = _touched_in(gdir, patch)
+            paths = files_touched(gdir, patch)
             touched.append(paths)
             sides = [_fake_ancestor(gdir, patch, reverse, Path(tmp)) for reverse in (False, True)]
             if sides[0] is None or sides[1] is None:  # a section without blob ids
@@ -154,13 +150,6 @@ def images_and_paths(patches: Sequence[Path]) -> tuple[list[Image], list[list[st
             pre, post = sides
             result.append({path: (pre.get(path), post.get(path)) for path in paths})
     return result, touched
-
-
-def _touched_in(gdir: Path, patch: Path) -> list[str]:
-    key = sha256_of_file(patch)
-    if key not in _numstats:
-        _numstats[key] = _numstat_paths(gdir, ["--git-dir", str(gdir)], patch)
-    return _numstats[key]
 
 
 def _fake_ancestor(
@@ -176,15 +165,8 @@ def _fake_ancestor(
         return None
     if not index.exists():
         return {}
-    listing = g.out(gdir, "--git-dir", str(gdir), "ls-files", "-s", "-z",
-                    env={"GIT_INDEX_FILE": str(index)})  # fmt: skip
-    entries = {}
-    for entry in listing.split("\0"):
-        if entry:
-            meta, path = entry.split("\t", 1)
-            mode, oid, _stage = meta.split()
-            entries[path] = (mode, oid)
-    return entries
+    # One entry per path, at stage 0: (mode, blob id).
+    return {path: stages[0][:2] for path, stages in g.index_entries(gdir, index).items()}
 
 
 def states(
@@ -250,4 +232,29 @@ def conflict_lines(checkout: Path, ours: str) -> list[str]:
             text = full.read_text(errors="replace").splitlines()
             starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
         lines.append(describe_conflict(code, path, starts, ours))
+    return lines
+
+
+# git's lines naming a file a hunk of the patch did not apply to.
+_PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does not apply)$")
+
+
+def failure_lines(checkout: Path, git_output: str, ours: str) -> list[str]:
+    """Why a ``git am --3way`` stopped: each unmerged file with the kind of its
+    conflict, and git's own error lines of ``git_output`` (its stderr)."""
+    conflicted = {path for _code, path in unmerged_paths(checkout)}
+    lines = conflict_lines(checkout, ours) or [
+        "no file was merged with conflict markers: the patch could not be"
+        " applied even with a 3-way merge"
+    ]
+    seen = set()
+    for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
+        # git's "patch failed: FILE" of a file the 3-way merge then merged
+        # cleanly is no conflict: only files left unmerged are named.
+        named = _PATCH_FAILED.match(line.strip())
+        if named and conflicted and (named[1] or named[2]) not in conflicted:
+            continue
+        if line.strip() not in seen:
+            seen.add(line.strip())
+            lines.append(f"git: {line.strip()}")
     return lines

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from . import git as g
+from .git import describe_blob as _oid
 from .patchset import Image
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$", re.MULTILINE)
@@ -50,7 +51,7 @@ def check(
             )
             continue
         merged, conflicts = merge_file(repo, t, pre, post)
-        applied = _blob(repo, r) if r else b""
+        applied = g.blob(repo, r, check=True) if r else b""
         if conflicts:
             found.append(
                 f"placement: {path}: git am applied the patch to {ours}, but the 3-way merge"
@@ -67,20 +68,12 @@ def merge_file(repo: Path, ours: str, base: str, theirs: str) -> tuple[bytes, in
         files = []
         for name, oid in (("ours", ours), ("base", base), ("theirs", theirs)):
             path = Path(tmp) / name
-            path.write_bytes(_blob(repo, oid))
+            path.write_bytes(g.blob(repo, oid, check=True))
             files.append(str(path))
         proc = g.git(repo, "merge-file", "-p", "-q", *files, check=False, text=False)
     if proc.returncode < 0 or proc.returncode > 127:
         raise RuntimeError(f"git merge-file failed: {proc.stderr.decode(errors='replace')}")
     return proc.stdout, proc.returncode
-
-
-def _blob(repo: Path, oid: str) -> bytes:
-    return g.git(repo, "cat-file", "blob", oid, text=False).stdout
-
-
-def _oid(oid: str | None) -> str:
-    return "absent" if oid is None else f"blob {oid[:12]}"
 
 
 def _changes(repo: Path, a: str, b: str) -> list[tuple[int, int, int, int]]:

@@ -141,10 +141,6 @@ class Session:
         return self.work_dir / "tests-failed.md"
 
     @property
-    def uses_user_checkout(self) -> bool:
-        return bool(self.user_checkout)
-
-    @property
     def resumable(self) -> bool:
         """A ``--keep-conflict`` session that stopped for the user at a conflict:
         whatever stopped it since (a kill included), ``--continue`` goes on
@@ -154,11 +150,8 @@ class Session:
 
     def save(self) -> None:
         data = dataclasses.asdict(self)
-        path = state_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        state_path().parent.mkdir(parents=True, exist_ok=True)
+        manifest_mod.write_atomic(state_path(), json.dumps(data, indent=2) + "\n")
 
     @classmethod
     def load(cls) -> Session | None:
@@ -271,10 +264,9 @@ def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
         for m in _INDEX_LINE.finditer(patch.read_text(encoding="utf-8", errors="replace")):
             wanted.update(m.groups())
     for oid in sorted(wanted - {_NULL_OID}):
-        proc = g.git(src, "cat-file", "blob", oid, check=False, text=False)
-        if not g.has_object(dst, oid) and proc.returncode == 0:  # else am names what it lacks
-            g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=proc.stdout,
-                  text=False)  # fmt: skip
+        data = g.blob(src, oid)
+        if not g.has_object(dst, oid) and data is not None:  # else am names what it lacks
+            g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=data, text=False)
 
 
 @interrupts.deferring
@@ -297,14 +289,10 @@ def start(
         raise SeriesError(f"patch folder {patch_dir} does not exist")
     _clear_stale_session(log)
     manifest = manifest_mod.load(patch_dir / MANIFEST)
-    found = check_manifest.problems(manifest, patch_dir)
-    if found:
-        raise SeriesError(
-            f"the series in {patch_dir} disagrees with {MANIFEST}:\n  "
-            + "\n  ".join(found)
-            + f"\nfix it (`{hints.make('check-manifest')}`, `{hints.make('export')}`) before"
-            " rebasing"
-        )
+    check_manifest.refuse(
+        manifest, patch_dir, f"the series in {patch_dir} disagrees with {MANIFEST}",
+        f"\nfix it (`{hints.make('check-manifest')}`, `{hints.make('export')}`) before rebasing",
+    )  # fmt: skip
 
     version = match.group(1) if (match := VERSION_RE.match(to)) else None  # 0.32.0 or v0.32.0
     # A version is always its release's sdist, whatever VLLM= holds (a tag of
@@ -374,7 +362,7 @@ def start(
         sess.old_patch_dir.mkdir(parents=True)
         for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
             shutil.copyfile(item, sess.old_patch_dir / item.name)
-        _prepare(sess, manifest, user, new_commit, pip_args, log)
+        _prepare(sess, manifest, user, new_commit, log)
         if _apply_remaining(sess, log):
             return _finish(sess, log, guard)
         _stopped(sess, log)
@@ -401,7 +389,6 @@ def _prepare(
     manifest: manifest_mod.Manifest,
     user: Path | None,
     new_commit: str | None,
-    pip_args: Sequence[str],
     log: Log,
 ) -> None:
     """Scratch clone with both bases, the old series rebuilt, the new branch made."""
@@ -410,7 +397,7 @@ def _prepare(
     if sess.kind == "version":
         version = sess.slug
         new_repo, new_commit, sha256 = base_mod.materialise(
-            mb.project, version, None, pip_args=pip_args, log=log
+            mb.project, version, None, pip_args=sess.pip_args, log=log
         )
         base_mod.clone(new_repo, scratch)
         sess.target = {
@@ -433,7 +420,19 @@ def _prepare(
             "sha256": "",
         }
     sess.new_base = new_commit
-    sess.old_base = _old_base(scratch, manifest, pip_args, log)
+    # The old base commit, made readable in the scratch clone.
+    sess.old_base = (g.rev(scratch, mb.commit) if mb.commit else None) or ""
+    if not sess.old_base:
+        if not mb.sdist.sha256:
+            raise SeriesError(
+                f"the series' base commit {mb.commit} is not in the checkout and the manifest"
+                " names no sdist to rebuild it from; pass VLLM= a checkout that contains it"
+            )
+        repo, sess.old_base, _sha = base_mod.materialise_pinned(
+            manifest, pip_args=sess.pip_args, log=log
+        )
+        scratch_mod.add_alternate(scratch, repo)
+        g.git(scratch, "update-ref", "refs/series/old-base", sess.old_base)
     sess.history_range = _history_range(scratch, manifest, sess.old_base, new_commit)
     sess.save()
 
@@ -482,15 +481,6 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
                 created.setdefault(path, set()).add(post[1])
     at_head = g.tree_entries(checkout, head, sorted(created))
     created = {path: blobs for path, blobs in created.items() if path not in at_head}
-    in_the_way = journal.occupied(checkout, created)
-    if in_the_way:
-        raise SeriesError(
-            f"the new base or the series puts files where {checkout} has files of its own;"
-            " they are never overwritten:\n  "
-            + "\n  ".join(in_the_way)
-            + "\nmove them out of the way, or rebase without KEEP=1 (your checkout is then"
-            " only read)"
-        )
     # What the session may write: the files that differ at the new base, and
     # the patches' files, with whatever content `git am` and a resolution give.
     moved = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", head,
@@ -502,26 +492,10 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
         am=True,
     )
     before = [("update-ref", "-m", "seriestool rebase", ref, new_commit, _NULL_OID)]
-    switch(checkout, "rebase", head, new_commit, ref, scope, created, log, before, keep=True)
-
-
-def _old_base(
-    scratch: Path, manifest: manifest_mod.Manifest, pip_args: Sequence[str], log: Log
-) -> str:
-    """The old base commit, made readable in ``scratch``."""
-    mb = manifest.base
-    found = g.rev(scratch, mb.commit) if mb.commit else None
-    if found:
-        return found
-    if not mb.sdist.sha256:
-        raise SeriesError(
-            f"the series' base commit {mb.commit} is not in the checkout and the manifest"
-            " names no sdist to rebuild it from; pass VLLM= a checkout that contains it"
-        )
-    repo, commit, _sha = base_mod.materialise_pinned(manifest, pip_args=pip_args, log=log)
-    scratch_mod.add_alternate(scratch, repo)
-    g.git(scratch, "update-ref", "refs/series/old-base", commit)
-    return commit
+    hint = ", or rebase without KEEP=1 (your checkout is then only read),"
+    switch(
+        checkout, "rebase", head, new_commit, ref, scope, created, log, before, hint=hint, keep=True
+    )
 
 
 def _history_range(
@@ -567,7 +541,8 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
             patchset.am(checkout, [patch], env=g.user_identity(checkout))
         except SeriesError as e:
             entry.status = CONFLICT
-            sess.conflict = _conflict_detail(checkout, entry.file, check.stderr + "\n" + str(e))
+            why = patchset.failure_lines(checkout, f"{check.stderr}\n{e}", "the new base")
+            sess.conflict = "\n".join([f"patch: {entry.file}", *why])
             sess.am_kept = g.operation_in_progress(checkout) == "git am"
             log(f"{entry.file}: conflict")
             return False
@@ -653,32 +628,6 @@ def _leave_placement_conflict(
         g.git(checkout, "update-index", "--index-info", input="\n".join(index_info) + "\n")
 
 
-def _conflict_detail(checkout: Path, patch_file: str, git_output: str) -> str:
-    """Patch, unmerged files with the kind of each conflict, and git's own error
-    lines (``git_output``: stderr of ``git apply --check`` and ``git am --3way``)."""
-    lines = [f"patch: {patch_file}"]
-    conflicted = {path for _code, path in patchset.unmerged_paths(checkout)}
-    lines += patchset.conflict_lines(checkout, ours="the new base") or [
-        "no file was merged with conflict markers: the patch could not be"
-        " applied even with a 3-way merge"
-    ]
-    seen = set()
-    for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
-        # git's "patch failed: FILE" of a file the 3-way merge then merged
-        # cleanly is no conflict: only files left unmerged are named.
-        named = _PATCH_FAILED.match(line.strip())
-        if named and conflicted and (named[1] or named[2]) not in conflicted:
-            continue
-        if line.strip() not in seen:
-            seen.add(line.strip())
-            lines.append(f"git: {line.strip()}")
-    return "\n".join(lines)
-
-
-# git's lines naming a file a hunk of the patch did not apply to.
-_PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does not apply)$")
-
-
 def _stopped(sess: Session, log: Log) -> NoReturn:
     """A patch conflicted, or failed its tests: keep the session
     (``--keep-conflict``) or give up; raises what stopped it and what to do next."""
@@ -743,7 +692,7 @@ def _discard(sess: Session, log: Log, force_command: str | None = None) -> None:
     """Abort any am, restore the user's checkout, remove scratch work and state
     (``force_command``: first refuse, changing nothing, when the checkout
     changed in ways the rebase could not have made)."""
-    if sess.uses_user_checkout:
+    if sess.user_checkout:
         checkout = _restore_checkout(sess, log, force_command)
         branch = f"refs/heads/{sess.branch}"
         if checkout.exists() and (tip := g.rev(checkout, branch)):
@@ -786,25 +735,21 @@ def _clear_stale_session(log: Log) -> None:
             f" {sess.patch_dir}; that replacement has been completed")  # fmt: skip
         _discard(dataclasses.replace(sess, user_checkout=""), log)
         return
-    if sess.resumable and sess.phase == "running":
-        raise SeriesError(
-            f"a rebase to {sess.to} was interrupted after it had stopped for your"
-            f" resolution in {sess.checkout}; what you resolved is kept there."
-            f" Go on from it with\n    {_CONTINUE}\nor drop it with\n    {_ABORT}"
-        )
-    if sess.keep and sess.uses_user_checkout and sess.phase == "running":
+    if sess.resumable or (sess.keep and sess.phase != "running"):
+        what = {
+            "running": f"stopped for your resolution in {sess.checkout}, then interrupted;"
+            " what you resolved is kept there",
+            "conflict": f"stopped at a conflict in {sess.checkout}",
+            "applied": "applied but not finished (a later step failed)",
+        }.get(sess.phase, sess.phase)
+        raise SeriesError(f"a rebase to {sess.to} is in progress ({what}); {hints.REBASE_OPEN}")
+    if sess.keep and sess.user_checkout:  # interrupted while running
         raise SeriesError(
             f"a rebase to {sess.to} was interrupted while working in {sess.checkout}."
             " Undo what it did there, and nothing else, with:\n"
             f"    {_ABORT}\n(it refuses, changing nothing, if the"
             " checkout has changed since in ways the rebase could not have made)"
         )
-    if sess.keep and sess.phase != "running":
-        what = {
-            "conflict": f"stopped at a conflict in {sess.checkout}",
-            "applied": "applied but not finished (a later step failed)",
-        }.get(sess.phase, sess.phase)
-        raise SeriesError(f"a rebase to {sess.to} is in progress ({what}); {hints.REBASE_OPEN}")
     log(f"discarding the scratch work of an interrupted rebase to {sess.to}"
         f" (pid {sess.pid}); {Path(sess.patch_dir).name}/ was not touched")  # fmt: skip
     _discard(sess, log)
@@ -866,7 +811,7 @@ def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
     """The open session, its checkout locked as ``start`` locks it; None when it
     had completed (a killed run's swap of ``patches/`` is finished here)."""
     sess = Session.load()
-    if sess is not None and sess.uses_user_checkout:
+    if sess is not None and sess.user_checkout:
         guard.held.enter_context(journal.locked(Path(sess.user_checkout)))
         sess = Session.load()  # as a run that held the lock until now left it
     if sess is None:
@@ -950,7 +895,7 @@ def abort(log: Log = print, force: bool = False, *, guard: interrupts.Guard) -> 
     if sess is None:
         return 0
     _discard(sess, log, None if force else hints.make("rebase", ABORT="1", FORCE="1"))
-    where = f"{sess.checkout} restored" if sess.uses_user_checkout else "the scratch clone removed"
+    where = f"{sess.checkout} restored" if sess.user_checkout else "the scratch clone removed"
     what = f"rebase to {sess.to} aborted; {where}, {Path(sess.patch_dir).name}/ unchanged"
     if sess.resumable:
         what += "; the conflict resolutions made by hand are dropped"
@@ -980,7 +925,7 @@ def _finish(
         )
     scratch = Path(sess.scratch)
     checkout = Path(sess.checkout)
-    if sess.uses_user_checkout:
+    if sess.user_checkout:
         g.git(scratch, "fetch", "-q", "--no-write-fetch-head", str(checkout),
               f"+refs/heads/{sess.branch}:{NEW_REF}")  # fmt: skip
         # The user's checkout goes back exactly where it was; the branch stays.
@@ -1004,11 +949,9 @@ def _finish(
         entry.new_file = f.name
     manifest = _new_manifest(sess, files, log)
     manifest.save(sess.staging / MANIFEST)
-    found = check_manifest.problems(manifest, sess.staging)
-    if found:
-        raise SeriesError(
-            "the exported series fails its own manifest check:\n  " + "\n  ".join(found)
-        )
+    check_manifest.refuse(
+        manifest, sess.staging, "the exported series fails its own manifest check", ""
+    )
     range_diff = rangediff.range_diff(scratch, sess.old_base, sess.old_tip, sess.new_base,
                                       new_tip)  # fmt: skip
     sess.uses_dropped = _uses_of_dropped(sess, scratch, new_tip)
@@ -1030,11 +973,8 @@ def _finish(
                       range_diff)  # fmt: skip
         if not sess.keep:
             _discard(sess, log)
-        steps = [
-            line[len(seriestest.FAILED_STEP) :]
-            for line in sess.tests.splitlines()
-            if line.startswith(seriestest.FAILED_STEP)
-        ]
+        failed = seriestest.FAILED_STEP
+        steps = [s.removeprefix(failed) for s in sess.tests.splitlines() if s.startswith(failed)]
         if sess.keep:
             after = (
                 f"fix the environment and run\n    {_CONTINUE}\nor"
@@ -1072,7 +1012,7 @@ def _finish(
     with interrupts.shielded():
         swap_in(sess.staging, patch_dir)
         seriesdoc.sync(manifest, patch_dir, log)
-        if sess.uses_user_checkout:
+        if sess.user_checkout:
             log(f"your checkout {checkout} is back where it was; branch {sess.branch}"
                 " holds the rebased series")  # fmt: skip
             sess.user_checkout = ""  # keep the branch: do not delete it on cleanup
@@ -1225,71 +1165,67 @@ def _write_report(
         (i, p.file, p.status, p.how or "-", p.tests or "-", p.new_file or "-")
         for i, p in enumerate(sess.patches, 1)
     ]
+    absorbed = (
+        f"searched `{sess.history_range}`"
+        if sess.history_range
+        else "not computable (the bases share no git history; only 3-way emptiness counts)"
+    )
+    # Paragraphs, a blank line between each; code blocks fenced.
     out = [
         f"# Rebase onto {old.project} {t.get('version', sess.to)}",
-        "",
         f"Command: `{sess.command}`",
-        "",
         f"Result: **{result}**",
-        "",
         f"{Path(sess.patch_dir).name}/: {patches_outcome}",
-        "",
         "## Bases",
-        "",
-        "```",
-        table(("", "release", "upstream commit", "base commit", "sdist sha256"), rows),
-        "```",
-        "",
+        _fenced(table(("", "release", "upstream commit", "base commit", "sdist sha256"), rows)),
         "## Patches",
-        "",
-        "```",
-        table(("#", "old patch", "status", "how", "tests", "new patch"), patch_rows),
-        "```",
-        "",
-        "Absorbed-upstream check by patch ID: "
-        + (f"searched `{sess.history_range}`" if sess.history_range else
-           "not computable (the bases share no git history; only 3-way emptiness counts)"),
-    ]  # fmt: skip
+        _fenced(table(("#", "old patch", "status", "how", "tests", "new patch"), patch_rows)),
+        f"Absorbed-upstream check by patch ID: {absorbed}",
+    ]
     skipped = [p.file for p in sess.patches if p.status == DROPPED_SKIPPED]
     if skipped:
-        out += [
-            "",
+        out.append(
             f"Skipped by hand (`git am --skip`): {', '.join(skipped)}. Their changes are"
-            " not in the new series, and the rebase did not find them upstream.",
-        ]
+            " not in the new series, and the rebase did not find them upstream."
+        )
     if sess.conflict:
-        out += ["", "## Conflict", "", "```", sess.conflict, "```"]
+        out += ["## Conflict", _fenced(sess.conflict)]
         if sess.keep:
-            out += [
-                "",
-                f"The rebase is stopped in `{sess.checkout}` (branch"
-                f" `{sess.branch}`). Resolve (or amend), `git add`, then"
-                f" `{_CONTINUE}`; or `{_ABORT}`.",
-            ]
+            out.append(
+                f"The rebase is stopped in `{sess.checkout}` (branch `{sess.branch}`). Resolve"
+                f" (or amend), `git add`, then `{_CONTINUE}`; or `{_ABORT}`."
+            )
     if range_diff is not None:
         out += [
-            "", "## Range-diff (old series vs new series)", "",
+            "## Range-diff (old series vs new series)",
             f"`git range-diff {sess.old_base[:12]}..{sess.old_tip[:12]}"
             f" {sess.new_base[:12]}..{sess.new_tip[:12]}`",
-            "", "```", range_diff or "(empty: both series are empty)", "```",
-        ]  # fmt: skip
+            _fenced(range_diff or "(empty: both series are empty)"),
+        ]
     if sess.uses_dropped:
-        out += ["", "## Uses of dropped patches", "", "Later patches use what a dropped patch"
-                " added; they will fail to load until it is restored or they are changed:", "",
-                *(f"- {line}" for line in sess.uses_dropped)]  # fmt: skip
+        out += [
+            "## Uses of dropped patches",
+            "Later patches use what a dropped patch added; they will fail to load until it is"
+            " restored or they are changed:",
+            "\n".join(f"- {line}" for line in sess.uses_dropped),
+        ]
     if sess.kept_branch:
         where, branch = sess.kept_branch.split("\t")
-        out += ["", f"The rebased series is branch `{branch}` in `{where}`."]
+        out.append(f"The rebased series is branch `{branch}` in `{where}`.")
     if sess.tests:
-        out += ["", "## Tests", "", sess.tests]
+        out += ["## Tests", sess.tests]
     if sess.tests_failed and sess.tests_failed != sess.tests:
-        out += ["", "## Tests: an earlier run of this rebase FAILED", "", sess.tests_failed]
-    text = "\n".join(out) + "\n"
+        out += ["## Tests: an earlier run of this rebase FAILED", sess.tests_failed]
+    text = "\n\n".join(out) + "\n"
     sess.report_path.parent.mkdir(parents=True, exist_ok=True)
     sess.report_path.write_text(text, encoding="utf-8", errors="surrogateescape")
     if not quiet:
         log(text)
         log(f"report written to {sess.report_path}")
+
+
+def _fenced(text: str) -> str:
+    return f"```\n{text}\n```"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -125,11 +125,14 @@ def apply_patches(
     commits.  ``ours`` names HEAD in the refusals; ``env``: the committer."""
     commits: list[str] = []
     before = g.out(checkout, "rev-parse", "HEAD")
-    for path, image in zip(patch_files, images, strict=True):
+    for number, (path, image) in enumerate(zip(patch_files, images, strict=True), 1):
         try:
             patchset.am(checkout, [path], env=env)
         except SeriesError as e:
-            raise SeriesError(f"patch {path.name} does not apply on {ours}: {e}") from None
+            raise SeriesError(
+                f"patch {path.name} does not apply on {ours}: it is number {number} of the series"
+                + "".join(f"\n  {line}" for line in patchset.failure_lines(checkout, str(e), ours))
+            ) from None
         after = g.out(checkout, "rev-parse", "HEAD")
         if after == before:
             raise SeriesError(

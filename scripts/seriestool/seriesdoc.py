@@ -85,7 +85,5 @@ def sync(manifest: manifest_mod.Manifest, patch_dir: Path, log=print) -> None:
     text = doc.read_text(encoding="utf-8")
     new = render(text, manifest)
     if new != text:
-        tmp = doc.with_name(f".{doc.name}.tmp")
-        tmp.write_text(new, encoding="utf-8")
-        tmp.replace(doc)
+        manifest_mod.write_atomic(doc, new)
         log(f"updated {doc.name}: its patch subjects, stable patch IDs and base, from the manifest")

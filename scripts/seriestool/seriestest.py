@@ -127,10 +127,7 @@ def check_prefixes(
     if not manifest.patches:
         print("the series is empty: no vLLM-side tests to run")
         return 0
-    if base_repo is not None:
-        repo = base_repo
-    else:
-        repo, _commit, _sha = base_mod.materialise_pinned(manifest)
+    repo = base_repo or base_mod.materialise_pinned(manifest)[0]
     patches = manifest.patch_paths(patch_dir)
     scratch_root = base_mod.WORK_DIR / "test-series"
     rows = []

@@ -15,12 +15,12 @@ from . import manifest as manifest_mod
 from .report import table
 
 
-def smoke(manifest: manifest_mod.Manifest, patch_dir=manifest_mod.PATCH_DIR) -> int:
+def smoke(manifest: manifest_mod.Manifest) -> int:
     repo, _commit, _sha = base_mod.materialise_pinned(manifest)
     checkout = base_mod.WORK_DIR / "smoke"
     shutil.rmtree(checkout, ignore_errors=True)
     base_mod.clone(repo, checkout)
-    patches = manifest.patch_paths(patch_dir)
+    patches = manifest.patch_paths()
     patchset.am(checkout, patches)
     files = []  # per patch: the test files it adds, then those it changes
     for image in patchset.images(patches):

@@ -93,12 +93,6 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
         paths = sorted(p for p in changed if p)
         now, then = g.blob_ids(repo, head, paths), g.blob_ids(repo, target, paths)
         created = {p: {then[p]} for p in paths if now[p] is None and then[p] is not None}
-        in_the_way = journal.occupied(repo, created)
-        if in_the_way:
-            raise SeriesError(
-                f"{start} has files where {repo} has untracked or ignored ones; remove never"
-                " overwrites them:\n  " + "\n  ".join(in_the_way) + "\nmove them away and run again"
-            )
         ref = f"refs/heads/{series}"
         recorded = {f"branch.{series}.{key}": g.branch_config(repo, series, key)
                     for key in (apply.SERIES_BASE_KEY, apply.SERIES_FROM_KEY)}  # fmt: skip

@@ -18,6 +18,7 @@ from . import git as g
 from . import manifest as manifest_mod
 from . import patchset
 from .errors import SeriesError
+from .git import describe_blob as _describe
 
 PATCH_DIR = manifest_mod.PATCH_DIR.relative_to(manifest_mod.ROOT).as_posix()
 MANIFEST = manifest_mod.MANIFEST_PATH.name
@@ -48,7 +49,7 @@ def history(repo: Path) -> Iterator[tuple[str, str | None]]:
 
 
 def _recorded_version(repo: Path, commit: str) -> str | None:
-    text = _blob(repo, commit, f"{PATCH_DIR}/{MANIFEST}")
+    text = g.blob(repo, f"{commit}:{PATCH_DIR}/{MANIFEST}")
     if text is None:
         return None
     try:
@@ -56,12 +57,6 @@ def _recorded_version(repo: Path, commit: str) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return None if version is None else str(version)
-
-
-def _blob(repo: Path, commit: str, path: str, text: bool = True) -> str | bytes | None:
-    """Content of ``path`` in ``commit``, byte for byte; None when it has no such file."""
-    proc = g.git(repo, "cat-file", "blob", f"{commit}:{path}", check=False, text=text)
-    return proc.stdout if proc.returncode == 0 else None
 
 
 def known_versions(repo: Path) -> dict[str, str]:
@@ -118,8 +113,7 @@ def write_patches(repo: Path, state: SeriesVersion, dest: Path) -> manifest_mod.
         source = repo / PATCH_DIR
         shutil.copyfile(source / MANIFEST, dest / MANIFEST)
     else:
-        (dest / MANIFEST).write_bytes(_blob(repo, state.commit, f"{PATCH_DIR}/{MANIFEST}",
-                                            text=False))  # fmt: skip
+        (dest / MANIFEST).write_bytes(g.blob(repo, f"{state.commit}:{PATCH_DIR}/{MANIFEST}"))
     try:
         manifest = manifest_mod.load(dest / MANIFEST)
     except SeriesError as e:  # name the version and its manifest, not the scratch copy
@@ -130,17 +124,13 @@ def write_patches(repo: Path, state: SeriesVersion, dest: Path) -> manifest_mod.
         if state.commit is None:
             data = (source / entry.file).read_bytes() if (source / entry.file).is_file() else None
         else:
-            data = _blob(repo, state.commit, f"{PATCH_DIR}/{entry.file}", text=False)
+            data = g.blob(repo, f"{state.commit}:{PATCH_DIR}/{entry.file}")
         if data is None:
             raise SeriesError(
                 f"{state.label}: {PATCH_DIR}/{MANIFEST} lists {entry.file}, which is missing"
             )
         (dest / entry.file).write_bytes(data)
     return manifest
-
-
-def _describe(blob: str | None) -> str:
-    return "absent" if blob is None else f"blob {blob[:12]}"
 
 
 def classify(
@@ -172,13 +162,11 @@ def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
     the history of the repository holding ``patch_dir`` (newest first)."""
     current = manifest_mod.load(patch_dir / MANIFEST)
     found = _held(repo, commit, SeriesVersion("", current.version, None), current, patch_dir)
-    tooling = patch_dir.resolve().parent
-    if found or patch_dir.name != PATCH_DIR or not g.is_repo(tooling):
+    if found:
         return found
     seen = {(patch_dir / MANIFEST).read_bytes()}
     with tempfile.TemporaryDirectory(prefix="seriestool-versions-") as tmp:
-        for rev, version in history(tooling):
-            text = _blob(tooling, rev, f"{PATCH_DIR}/{MANIFEST}", text=False)
+        for tooling, rev, version, text in _past_manifests(patch_dir):
             if version is None or text in seen:
                 continue
             seen.add(text)
@@ -189,6 +177,15 @@ def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
             if found:
                 return found
     return None
+
+
+def _past_manifests(patch_dir: Path) -> Iterator[tuple[Path, str, str | None, bytes | None]]:
+    """``(repository, commit, version, manifest)`` of each state in ``history`` of
+    the project's ``patches/`` (none for another folder)."""
+    tooling = patch_dir.resolve().parent
+    if patch_dir.name == PATCH_DIR and g.is_repo(tooling):
+        for rev, version in history(tooling):
+            yield tooling, rev, version, g.blob(tooling, f"{rev}:{PATCH_DIR}/{MANIFEST}")
 
 
 def _held(repo, commit, state, manifest, patch_dir) -> Held | None:
@@ -204,12 +201,9 @@ def foreign_commits(repo: Path, base: str, head: str, patch_dir: Path) -> list[s
     user's.  Known: the series in ``patch_dir`` and, for the project's
     ``patches/``, every earlier version in its repository's history."""
     known = {p.patch_id for p in manifest_mod.load(patch_dir / MANIFEST).patches}
-    tooling = patch_dir.resolve().parent
-    if patch_dir.name == PATCH_DIR and g.is_repo(tooling):
-        for rev, _version in history(tooling):
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                text = _blob(tooling, rev, f"{PATCH_DIR}/{MANIFEST}")
-                known.update(p["patch_id"] for p in json.loads(text or "")["patches"])
+    for _tooling, _rev, _version, text in _past_manifests(patch_dir):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            known.update(p["patch_id"] for p in json.loads(text or "")["patches"])
     log = g.git(repo, "log", "-p", "--no-merges", "--no-renames", "--full-index", "--no-color",
                 "--format=commit %H", f"{base}..{head}", text=False).stdout  # fmt: skip
     ids = dict(line.split()[::-1] for line in g.out(repo, "patch-id", "--verbatim",

@@ -163,11 +163,6 @@ def check_released(released: Path, project: str, version: str) -> None:
                            f" {project} {version}, the base the series applies to")  # fmt: skip
 
 
-def blob(repo: Path, rev: str, path: str) -> bytes | None:
-    proc = g.git(repo, "cat-file", "blob", f"{rev}:{path}", text=False, check=False)
-    return proc.stdout if proc.returncode == 0 else None
-
-
 def series_files(base_repo: Path, base_branch: str, patches: Sequence[Path]) -> dict:
     """``{path: content after the series, None if it deletes it}`` under PACKAGE,
     from the series applied to a clone of the base as ``apply`` applies it."""
@@ -180,7 +175,7 @@ def series_files(base_repo: Path, base_branch: str, patches: Sequence[Path]) -> 
         except SeriesError as e:
             raise SeriesError(f"the series does not apply to the base: {e}") from None
         changed, deleted = changed_files(checkout, base_commit)
-        files: dict = {p: blob(checkout, "HEAD", p) for p in changed if p.startswith(PACKAGE)}
+        files: dict = {p: g.blob(checkout, f"HEAD:{p}") for p in changed if p.startswith(PACKAGE)}
         return files | {p: None for p in deleted if p.startswith(PACKAGE)}
 
 
@@ -207,7 +202,7 @@ def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: 
     with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir.parent) as tmp:
         partial = Path(tmp) / dest.name
         with zipfile.ZipFile(released) as zin, zipfile.ZipFile(partial, "w") as zout:
-            rewrite(zin, zout, series, lambda path: blob(base_repo, base_commit, path),
+            rewrite(zin, zout, series, lambda path: g.blob(base_repo, f"{base_commit}:{path}"),
                     new_version)  # fmt: skip
         out_dir.mkdir(exist_ok=True)
         partial.replace(dest)
