@@ -176,6 +176,8 @@ def rank_main(args: argparse.Namespace) -> int:
 
         current_platform.is_cuda = lambda: True
         current_platform.current_device = lambda: rank if device == "cuda" else "cpu"
+        if device == "cpu":  # no pinning without a GPU (the pinned reader's arena)
+            weight_utils.is_pin_memory_available = lambda: False
         base_iterator = load_base_iterator(args.base_tree)
         plan = wait_for_plan(Path(args.plan), args.plan_timeout)
         init_distributed_environment(

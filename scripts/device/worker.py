@@ -1117,6 +1117,9 @@ def main() -> int:
             current_platform.current_device = lambda: torch.cuda.current_device()
         else:
             current_platform.current_device = lambda: "cpu"
+            # No pinning without a GPU: the series' pinned reader reads into
+            # pageable memory (it registers its arena with CUDA otherwise).
+            weight_utils.is_pin_memory_available = lambda: False
     except Exception:
         send({"ready": False, "error": traceback.format_exc()[-4000:]})
         return 1
