@@ -208,9 +208,7 @@ def compare(
                 b = manifest.base
                 ours = f"its pinned base {b.project} {b.version} ({base[:12]})"
                 try:
-                    commits = scratch_mod.apply_patches(
-                        scratch, files, side_images, ours, env=g.SCRATCH_COMMITTER
-                    )
+                    commits = scratch_mod.apply_patches(scratch, files, side_images, ours)
                 except SeriesError as e:
                     raise SeriesError(f"{state.label}: {e}") from None
             patches = [
