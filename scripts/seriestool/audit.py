@@ -36,8 +36,6 @@ FAILING = (CHANGED, MISSING)
 
 # Where the pinned base can be fetched from, by project.
 UPSTREAM_REPOSITORIES = {"vllm": "https://github.com/vllm-project/vllm.git"}
-_SERIES_REF = "refs/heads/audit-series"
-_CONSOLIDATED_REF = "refs/heads/audit-consolidated"
 
 
 @dataclasses.dataclass
@@ -191,8 +189,6 @@ def audit(
                     f"{e}\nso the series' result cannot be built: name the commit the series is"
                     " based on with BASE=, or rebase the series"
                 ) from None
-            g.git(scratch, "update-ref", _SERIES_REF, series_commits[-1])
-            g.git(scratch, "update-ref", _CONSOLIDATED_REF, cons)
             extra, files = _classify(
                 scratch, base, series_commits, cons, paths, cons_ids, results,
                 creation_factor,
@@ -234,7 +230,7 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
     _find_combined(m)
     _find_split(m)
     if unclaimed and any(r.status == MISSING for r in results):
-        _pair_with_range_diff(m, creation_factor)
+        _pair_with_range_diff(m, cons, creation_factor)
 
     extras = [c for c in cons_order if c in unclaimed]
     info = _commit_info(scratch, extras, pathspecs) if extras else {}
@@ -322,11 +318,11 @@ def _span_ids(m: _Match, spans: dict) -> dict:
     return {made[c]: pid for c, pid in ids.items()}
 
 
-def _pair_with_range_diff(m: _Match, creation_factor: int | None) -> None:
+def _pair_with_range_diff(m: _Match, cons: str, creation_factor: int | None) -> None:
     """Pair still-missing patches with unclaimed commits by ``git range-diff`` of
     both histories on the series paths (docs/audit.md)."""
     scratch, base, unclaimed = m.scratch, m.base, m.unclaimed
-    tips = [g.out(scratch, "rev-parse", ref) for ref in (_SERIES_REF, _CONSOLIDATED_REF)]
+    tips = [m.series_commits[-1], cons]
     text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
                                 m.pathspecs)  # fmt: skip
     left, right = (
