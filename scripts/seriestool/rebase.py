@@ -971,8 +971,6 @@ def _finish(
         sess.failed_tests_path.write_text(sess.tests, encoding="utf-8")
         _write_report(sess, "TESTS FAILED on the new base", "unchanged: nothing written", log,
                       range_diff)  # fmt: skip
-        if not sess.keep:
-            _discard(sess, log)
         failed = seriestest.FAILED_STEP
         steps = [s.removeprefix(failed) for s in sess.tests.splitlines() if s.startswith(failed)]
         if sess.keep:
@@ -982,6 +980,7 @@ def _finish(
                 f" the tests with\n    {hints.make('rebase', CONTINUE='1', NOTEST='1')}"
             )
         else:
+            _discard(sess, log)
             after = f"to rebase without the tests, run\n    {sess.make(TO=sess.to, NOTEST='1')}"
         raise SeriesError(
             f"the rebased series' tests did not pass on {sess.target['version']}"
