@@ -206,8 +206,7 @@ def foreign_commits(repo: Path, base: str, head: str, patch_dir: Path) -> list[s
             known.update(p["patch_id"] for p in json.loads(text or "")["patches"])
     log = g.git(repo, "log", "-p", "--no-merges", "--no-renames", "--full-index", "--no-color",
                 "--format=commit %H", f"{base}..{head}", text=False).stdout  # fmt: skip
-    ids = dict(line.split()[::-1] for line in g.out(repo, "patch-id", "--verbatim",
-                                                    input=log).splitlines())  # fmt: skip
+    ids = dict(patchset.patch_ids_of_log(repo, log))
     return [c for c in g.out(repo, "rev-list", "--reverse", f"{base}..{head}").split()
             if ids.get(c) not in known]  # fmt: skip
 
