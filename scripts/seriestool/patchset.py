@@ -222,19 +222,6 @@ def describe_conflict(code: str, path: str, marker_lines: Sequence[int], ours: s
     return f"conflict: {path}: {kind}"
 
 
-def conflict_lines(checkout: Path, ours: str) -> list[str]:
-    """A ``describe_conflict`` line for each unmerged path of a stopped ``git am``."""
-    lines = []
-    for code, path in unmerged_paths(checkout):
-        full = checkout / path
-        starts: list[int] = []
-        if code in ("UU", "AA") and full.is_file():
-            text = full.read_text(errors="replace").splitlines()
-            starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
-        lines.append(describe_conflict(code, path, starts, ours))
-    return lines
-
-
 # git's lines naming a file a hunk of the patch did not apply to.
 _PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does not apply)$")
 
@@ -242,8 +229,17 @@ _PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does n
 def failure_lines(checkout: Path, git_output: str, ours: str) -> list[str]:
     """Why a ``git am --3way`` stopped: each unmerged file with the kind of its
     conflict, and git's own error lines of ``git_output`` (its stderr)."""
-    conflicted = {path for _code, path in unmerged_paths(checkout)}
-    lines = conflict_lines(checkout, ours) or [
+    unmerged = unmerged_paths(checkout)
+    lines = []
+    for code, path in unmerged:
+        full = checkout / path
+        starts: list[int] = []
+        if code in ("UU", "AA") and full.is_file():
+            text = full.read_text(errors="replace").splitlines()
+            starts = [n for n, line in enumerate(text, 1) if line.startswith("<<<<<<< ")]
+        lines.append(describe_conflict(code, path, starts, ours))
+    conflicted = {path for _code, path in unmerged}
+    lines = lines or [
         "no file was merged with conflict markers: the patch could not be"
         " applied even with a 3-way merge"
     ]
