@@ -7,7 +7,10 @@ loads once): NumPy's ``np.empty`` (the pinned reader's arena), an anonymous
 written once before (the second load of a process that kept its memory).
 Each row: reading the tensor from /dev/shm by 16 threads in 64 MiB chunks
 (as the pinned reader does), ``cudaHostRegister`` of it, the host-to-device
-copy, and the huge pages the memory got.
+copy, and the huge pages the memory got. ``mmap.mmap(-1, n)`` maps shared
+anonymous memory, which the host's transparent huge pages for private
+memory do not cover: its rows got none whatever the advice, so they show
+4 KiB pages against NumPy's huge ones, not the effect of ``MADV_HUGEPAGE``.
 Run: python3 host_memory_probe.py > host_memory_probe.txt
 """
 
