@@ -192,22 +192,8 @@ _UNMERGED_KINDS = {
     "UA": "added by the patch, unmerged",
     "DD": "deleted on both sides, unmerged",
 }
-
-
-def unmerged_paths(checkout: Path) -> list[tuple[str, str]]:
-    """``(code, path)`` of every unmerged path, ``code`` as ``git status`` shows it."""
-    raw = g.out(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=no")
-    tokens = iter(raw.split("\0"))
-    found = []
-    for token in tokens:
-        if len(token) < 4:
-            continue
-        code, path = token[:2], token[3:]
-        if code[0] in "RC":
-            next(tokens, None)  # the rename's source path
-        if code in ("DD", "AU", "UD", "UA", "DU", "AA", "UU"):
-            found.append((code, path))
-    return found
+# The code of an unmerged path by the stages the index holds (1: base, 2: ours, 3: theirs).
+_STAGES = {"1": "DD", "2": "AU", "12": "UD", "3": "UA", "13": "DU", "23": "AA", "123": "UU"}
 
 
 def describe_conflict(code: str, path: str, marker_lines: Sequence[int], ours: str) -> str:
@@ -229,7 +215,10 @@ _PATCH_FAILED = re.compile(r"error: (?:patch failed: (.+):\d+|(.+): patch does n
 def failure_lines(checkout: Path, git_output: str, ours: str) -> list[str]:
     """Why a ``git am --3way`` stopped: each unmerged file with the kind of its
     conflict, and git's own error lines of ``git_output`` (its stderr)."""
-    unmerged = unmerged_paths(checkout)
+    entries = g.index_entries(checkout).items()
+    unmerged = [
+        (_STAGES["".join(e[2] for e in es)], path) for path, es in entries if es[0][2] != "0"
+    ]
     lines = []
     for code, path in unmerged:
         full = checkout / path
