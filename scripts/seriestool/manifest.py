@@ -254,18 +254,10 @@ def load(path: Path = MANIFEST_PATH) -> Manifest:
     except json.JSONDecodeError as e:
         raise SeriesError(f"manifest {path} is not valid JSON: {e}") from None
     try:
-        base = data["base"]
         manifest = Manifest(
             name=data["series"]["name"],
             version=str(data["series"]["version"]),
-            base=Base(
-                project=base["project"],
-                version=base["version"],
-                upstream_commit=base["upstream_commit"],
-                sdist=Sdist(**base["sdist"]),
-                commit=base["commit"],
-                touched_files=dict(base["touched_files"]),
-            ),
+            base=Base(**{**data["base"], "sdist": Sdist(**data["base"]["sdist"])}),
             patches=[PatchEntry(**p) for p in data["patches"]],
             regression_tests=RegressionTests(**data.get("regression_tests", {})),
             previous=data["series"].get("previous", {}),
