@@ -153,7 +153,16 @@ def export_series(repo: Path, manifest: manifest_mod.Manifest, branch: str,
             f"{branch} has no commits on top of the base {base_commit[:12]}: exporting it"
             " would delete the series; pass BRANCH=<the series branch> (and BASE=)"
         )
-    _refuse_uncommitted_patches(patch_dir)
+    if patch_dir.exists() and g.is_repo(patch_dir):  # never overwrite uncommitted changes
+        status = g.out(patch_dir, "status", "--porcelain=v1", "--untracked-files=all", "--", ".")
+        if status:
+            stash = hints.git(patch_dir, "stash", "push", "--", ".")
+            raise SeriesError(
+                f"{patch_dir} has uncommitted changes that export would overwrite:\n  "
+                + "\n  ".join(status.splitlines()[:10])
+                + f"\ncommit them, or set them aside (`{stash}` keeps them in the stash),"
+                " and run again"
+            )
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         files = format_patches(repo, base_commit, branch, Path(tmp))
         refresh_manifest(manifest, repo, base_commit, files, log)
@@ -167,20 +176,6 @@ def export_series(repo: Path, manifest: manifest_mod.Manifest, branch: str,
     seriesdoc.sync(manifest, patch_dir, log)
     log(f"exported {len(files)} patches from {branch} ({base_commit[:12]}..) to {patch_dir}")
     return [patch_dir / f.name for f in files]
-
-
-def _refuse_uncommitted_patches(patch_dir: Path) -> None:
-    """Refuse to overwrite uncommitted changes to the patch folder."""
-    if not patch_dir.exists() or not g.is_repo(patch_dir):
-        return
-    status = g.out(patch_dir, "status", "--porcelain=v1", "--untracked-files=all", "--", ".")
-    if status:
-        stash = hints.git(patch_dir, "stash", "push", "--", ".")
-        raise SeriesError(
-            f"{patch_dir} has uncommitted changes that export would overwrite:\n  "
-            + "\n  ".join(status.splitlines()[:10])
-            + f"\ncommit them, or set them aside (`{stash}` keeps them in the stash), and run again"
-        )
 
 
 def run(args: argparse.Namespace) -> int:
