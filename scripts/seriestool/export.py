@@ -79,11 +79,9 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
     if parsed != body:
         cut = body[len(parsed) :].strip().splitlines()[:1] if body.startswith(parsed) else []
         where = f" at the line {cut[0]!r}" if cut else ""
-        starts = {"diff -": "the start of the patch and ends the message there",
-                  "Index: ": "the start of the patch and ends the message there",
-                  "---": "the end of the message"}  # fmt: skip
-        start = next((k for k in starts if cut and cut[0].startswith(k)), None)
-        why = (f"git am takes a line starting `{start}` as {starts[start]}; reword or"
+        start = next((k for k in ("diff -", "Index: ", "---") if cut and cut[0].startswith(k)), "")
+        ends = "the end of" if start == "---" else "the start of the patch and ends"
+        why = (f"git am takes a line starting `{start}` as {ends} the message there; reword or"
                " indent that line" if start else "git am would not reproduce the message;"
                " reword it")  # fmt: skip
         raise SeriesError(
