@@ -13,9 +13,7 @@ from .errors import SeriesError
 
 def _open(repo: Path) -> tuple[Path, str | None, str | None]:
     """The checkout's top folder, its branch and HEAD's commit."""
-    if not g.is_repo(repo):
-        raise SeriesError(f"{hints.no_checkout(repo)}: VLLM= must name a vLLM git checkout")
-    repo = g.toplevel(repo)
+    repo = g.checkout_top(repo)
     branch = g.out(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False) or None
     return repo, branch, g.rev(repo, "HEAD")
 
