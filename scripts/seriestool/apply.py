@@ -48,8 +48,7 @@ def refuse_unsafe_state(repo: Path) -> None:
             f"{repo}: a {op} is in progress; finish it, or abort it with\n"
             f"    {hints.git(repo, abort, verb)}\nand run again"
         )
-    status = g.out(repo, "status", "--porcelain=v1", "--untracked-files=no")
-    changes = [line for line in status.splitlines() if line.strip()]
+    changes = g.out(repo, "status", "--porcelain=v1", "--untracked-files=no").splitlines()
     if changes:
         shown = "\n  ".join(changes[:10])
         raise SeriesError(
@@ -96,12 +95,15 @@ def _apply(
             f"{repo} holds only part of the series: its files are the series' state after"
             f" {patches[holds - 1].name}; check out the base revision and apply the whole series"
         )
-    # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
     branch = manifest.branch_name
-    if differ and g.rev(repo, f"refs/heads/{branch}"):
+    ref, result = f"refs/heads/{branch}", states[-1]
+    kept = g.rev(repo, ref)
+    start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
+    recorded = g.branch_config(repo, branch, SERIES_BASE_KEY)
+    # A branch of the series there (e.g. the one a rebase kept): switching to it is the fix.
+    if differ and kept:
         # HEAD on it: `git checkout` of it, as _in_the_way says, would not help
-        on = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) == f"refs/heads/{branch}"
-        if on and (recorded := g.branch_config(repo, branch, SERIES_BASE_KEY)):
+        if start_from == ref and recorded:
             raise SeriesError(_changed_on_branch(repo, branch, recorded, head, patch_dir))
         raise SeriesError(_in_the_way(repo, branch, "HEAD does not carry the series"))
     if differ:
@@ -112,15 +114,11 @@ def _apply(
 
     # What the series creates, with the blob it writes there.
     created = {p: {states[-1][p]} for p in paths if states[0][p] is None and states[-1][p]}
-    start_from = g.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or head
-    ref, result = f"refs/heads/{branch}", states[-1]
-    kept = g.rev(repo, ref)
     config = {} if kept else {f"branch.{branch}.{SERIES_BASE_KEY}": head}
     config[f"branch.{branch}.{SERIES_FROM_KEY}"] = start_from
     # The series' objects wait aside until the checkout is switched to them.
     with contextlib.nullcontext() if kept else scratch.quarantine(repo) as objects:
         if kept:  # `make remove` keeps the branch: switch to it if it is this series on HEAD
-            recorded = g.branch_config(repo, branch, SERIES_BASE_KEY)
             mine = versions.foreign_commits(repo, head, kept, patch_dir)
             if g.rev(repo, recorded or "-") != head or mine or g.blob_ids(
                 repo, kept, paths) != result:  # fmt: skip
