@@ -56,29 +56,9 @@ def problems(
         if subject != entry.subject:
             found.append(f"{entry.file}: subject {subject!r}, manifest {entry.subject!r}")
         touched.update(patchset.files_touched(patch_dir, path))
-    found += base_problems(manifest, patch_dir)
-    recorded = set(manifest.base.touched_files)
-    if touched != recorded:
-        extra = ", ".join(sorted(touched - recorded)) or "-"
-        stale = ", ".join(sorted(recorded - touched)) or "-"
-        found.append(
-            f"touched files disagree with the manifest: unrecorded {extra}; recorded but"
-            f" untouched {stale}; re-export (`{hints.make('export')}`)"
-        )
-    return found
-
-
-def refuse(manifest: manifest_mod.Manifest, patch_dir: Path, head: str, tail: str) -> None:
-    """Raise ``head``, each of ``problems`` on a line, then ``tail``, if there are any."""
-    if found := problems(manifest, patch_dir):
-        raise SeriesError(f"{head}:\n  " + "\n  ".join(found) + tail)
-
-
-def base_problems(manifest: manifest_mod.Manifest, patch_dir: Path) -> list[str]:
-    """Where the base differs from what `make base` rebuilds: the project's series
-    must pin an sdist, whose recorded upstream commit (read from the base `make
-    base` cached, when it has) must be ``base.upstream_commit``."""
-    b, found = manifest.base, []
+    # The base must be what `make base` rebuilds: the project's series pins an
+    # sdist, whose recorded upstream commit (where `make base` cached it) is its own.
+    b = manifest.base
     if patch_dir.resolve() == manifest_mod.PATCH_DIR.resolve() and not (
         b.sdist.filename and b.sdist.sha256
     ):
@@ -92,7 +72,20 @@ def base_problems(manifest: manifest_mod.Manifest, patch_dir: Path) -> list[str]
             f"base.upstream_commit is {b.upstream_commit!r}, but the sdist {b.sdist.filename}"
             f" records {recorded!r}: the base `make base` rebuilds is another commit"
         )
+    if touched != set(b.touched_files):
+        extra = ", ".join(sorted(touched - set(b.touched_files))) or "-"
+        stale = ", ".join(sorted(set(b.touched_files) - touched)) or "-"
+        found.append(
+            f"touched files disagree with the manifest: unrecorded {extra}; recorded but"
+            f" untouched {stale}; re-export (`{hints.make('export')}`)"
+        )
     return found
+
+
+def refuse(manifest: manifest_mod.Manifest, patch_dir: Path, head: str, tail: str) -> None:
+    """Raise ``head``, each of ``problems`` on a line, then ``tail``, if there are any."""
+    if found := problems(manifest, patch_dir):
+        raise SeriesError(f"{head}:\n  " + "\n  ".join(found) + tail)
 
 
 def fix_series(patch_dir: Path) -> str:
