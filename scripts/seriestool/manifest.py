@@ -77,17 +77,10 @@ class Manifest:
         return [patch_dir / p.file for p in self.patches]
 
     def save(self, path: Path = MANIFEST_PATH) -> None:
-        series: dict = {"name": self.name, "version": self.version}
-        if self.previous:
-            series["previous"] = self.previous
-        if self.groups:
-            series["groups"] = [dataclasses.asdict(group) for group in self.groups]
-        data = {
-            "series": series,
-            "base": dataclasses.asdict(self.base),
-            "patches": [dataclasses.asdict(p) for p in self.patches],
-            "regression_tests": dataclasses.asdict(self.regression_tests),
-        }
+        data = dataclasses.asdict(self)
+        series = {key: data.pop(key) for key in ("name", "version", "previous", "groups")}
+        # An empty "previous" or "groups" is left out.
+        data = {"series": {k: v for k, v in series.items() if v not in ([], {})}, **data}
         write_atomic(path, json.dumps(data, indent=2) + "\n")
 
     def prune_departed(self, renamed: dict[str, str] | None = None) -> list[str]:
