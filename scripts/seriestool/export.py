@@ -59,9 +59,8 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
             f"{what} is empty: it changes no file, and git am stops at an empty patch;"
             " drop it from the branch (e.g. with `git rebase -i`) and export again"
         )
-    raw = g.out(repo, "cat-file", "commit", commit).split("\n\n", 1)[1]
-    subject = " ".join(raw.split("\n\n", 1)[0].split("\n"))
-    body = g.out(repo, "log", "-1", "--no-notes", "--format=%b", commit).strip()
+    raw, body = g.out(repo, "log", "-1", "--no-notes", "--format=%B%x00%b", commit).split("\0")
+    subject = " ".join(raw.rstrip("\n").split("\n\n", 1)[0].split("\n"))
     with tempfile.TemporaryDirectory(prefix="mailinfo-") as tmp:
         msg, rest = Path(tmp) / "msg", Path(tmp) / "patch"
         info = g.out(repo, "mailinfo", "-b", "--no-scissors", str(msg),
@@ -76,7 +75,7 @@ def _check_message_survives_am(repo: Path, commit: str, patch: Path) -> None:
             " whitespace around the subject); reword the commit (e.g. `git commit --amend`,"
             " or `reword` in `git rebase -i`) to a subject git am keeps, and export again"
         )
-    if parsed != body:
+    if parsed != (body := body.strip()):
         cut = body[len(parsed) :].strip().splitlines()[:1] if body.startswith(parsed) else []
         where = f" at the line {cut[0]!r}" if cut else ""
         start = next((k for k in ("diff -", "Index: ", "---") if cut and cut[0].startswith(k)), "")
