@@ -19,17 +19,6 @@ from .errors import SeriesError
 _PATHS = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 
-def _borrow_objects(scratch_git_dir: Path, repo: Path) -> None:
-    """Add ``repo``'s objects to the scratch repository's alternates (kept: earlier ones)."""
-    source = g.common_dir(repo)
-    info = scratch_git_dir / "objects" / "info"
-    info.mkdir(parents=True, exist_ok=True)
-    _add_lines(info / "alternates", [str(source / "objects")])
-    shallow = source / "shallow"
-    if shallow.exists():  # a shallow clone's history ends there; so must ours
-        _add_lines(scratch_git_dir / "shallow", shallow.read_text(encoding="ascii").split())
-
-
 def _add_lines(path: Path, lines: Sequence[str]) -> None:
     known = path.read_text(**_PATHS).splitlines() if path.exists() else []
     new = [line for line in lines if line not in known]
@@ -38,8 +27,15 @@ def _add_lines(path: Path, lines: Sequence[str]) -> None:
 
 
 def add_alternate(scratch: Path, repo: Path) -> None:
-    """Let the scratch repository ``scratch`` read ``repo``'s objects too (nothing is copied)."""
-    _borrow_objects(g.git_dir(scratch), repo)
+    """Let the scratch repository ``scratch`` read ``repo``'s objects too (nothing is
+    copied; alternates it had are kept)."""
+    gdir, source = g.git_dir(scratch), g.common_dir(repo)
+    info = gdir / "objects" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    _add_lines(info / "alternates", [str(source / "objects")])
+    shallow = source / "shallow"
+    if shallow.exists():  # a shallow clone's history ends there; so must ours
+        _add_lines(gdir / "shallow", shallow.read_text(encoding="ascii").split())
 
 
 @contextlib.contextmanager
@@ -48,7 +44,7 @@ def view(repo: Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="seriestool-view-") as tmp:
         path = Path(tmp) / "view.git"
         g.git(tmp, "init", "-q", "--bare", "--template=", str(path))
-        _borrow_objects(path, repo)
+        add_alternate(path, repo)
         yield path
 
 
@@ -56,7 +52,7 @@ def make_checkout(repo: Path, dest: Path, start: str, paths: Sequence[str]) -> P
     """A scratch checkout at ``dest`` of ``start`` (detached), only ``paths`` in its work tree."""
     g.git(dest.parent, "init", "-q", "--template=", str(dest))
     gdir = dest / ".git"
-    _borrow_objects(gdir, repo)
+    add_alternate(dest, repo)
     g.git(dest, "config", "core.sparseCheckout", "true")
     g.git(dest, "config", "core.sparseCheckoutCone", "false")
     (gdir / "info").mkdir(exist_ok=True)
