@@ -104,7 +104,6 @@ def fix_series(patch_dir: Path) -> str:
     )
 
 
-SERIES_DOC = "SERIES.md"
 # The reviewer's document's tables the manifest must agree with: section
 # title -> (what the second column holds, the manifest field it must equal).
 _DOC_TABLES = {
@@ -147,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_path.parent
     manifest = manifest_mod.load(manifest_path)
     found = problems(manifest, patch_dir) + manifest_mod.group_problems(manifest)
-    doc = patch_dir.resolve().parent / SERIES_DOC
+    doc = patch_dir.resolve().parent / seriesdoc.DOC_NAME
     if doc.is_file():
         found += doc_problems(manifest, doc)
     for line in found:
@@ -157,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: base.upstream_commit not checked against {b.sdist.filename or 'an sdist'}:"
               f" its base is not cached (`{hints.make('base')}` makes it)")  # fmt: skip
     if not found:
-        agree = f"IDs and files agree{' with ' + SERIES_DOC if doc.is_file() else ''}"
+        agree = f"IDs and files agree{' with ' + doc.name if doc.is_file() else ''}"
         print(f"manifest ok: {len(manifest.patches)} patches, {agree}")
     return 1 if found else 0
 
