@@ -213,9 +213,7 @@ def tree_entries(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, tup
     listing = out(repo, "--literal-pathspecs", "ls-tree", "-r", "-z", "--full-tree", commit,
                   "--", *paths)  # fmt: skip
     entries = {}
-    for entry in listing.split("\0"):
-        if not entry:
-            continue
+    for entry in filter(None, listing.split("\0")):
         meta, path = entry.split("\t", 1)
         mode, kind, oid = meta.split()
         if kind == "blob" and path in wanted:
@@ -227,10 +225,9 @@ def index_entries(repo: Path, index: Path | None = None) -> dict[str, list[tuple
     """``path -> [(mode, blob id, stage), ...]`` of the index (or of ``index``)."""
     env = {"GIT_INDEX_FILE": str(index)} if index else None
     entries: dict[str, list[tuple[str, ...]]] = {}
-    for entry in out(repo, "ls-files", "-s", "-z", env=env).split("\0"):
-        if entry:
-            meta, path = entry.split("\t", 1)
-            entries.setdefault(path, []).append(tuple(meta.split()))
+    for entry in filter(None, out(repo, "ls-files", "-s", "-z", env=env).split("\0")):
+        meta, path = entry.split("\t", 1)
+        entries.setdefault(path, []).append(tuple(meta.split()))
     return entries
 
 
