@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from . import apply, hints, journal, versions
@@ -115,18 +114,12 @@ def remove(repo: Path, delete_branch: bool = False, log=print,
 
 
 def register(subparsers) -> None:
-    def checkout(args: argparse.Namespace) -> Path:
-        return Path(args.vllm) if args.vllm else apply.default_checkout()
-
     for name, help_ in (("status", "which series version a checkout carries"),
                         ("remove", "take the series out of a checkout")):  # fmt: skip
         p = subparsers.add_parser(name, help=help_)
         p.add_argument("--vllm", type=hints.user_path, help="checkout (default: work/vllm)")
         p.add_argument("--patches-dir", metavar="DIR", help="series folder (default: patches/)")
+        p.set_defaults(vllm=apply.default_checkout(), patches_dir=manifest_mod.PATCH_DIR)
     p.add_argument("--delete-branch", action="store_true", help="also delete the series branch")
-    p.set_defaults(func=lambda a: remove(checkout(a), a.delete_branch, patch_dir=_series(a)))
-    subparsers.choices["status"].set_defaults(func=lambda a: status(checkout(a), _series(a)))
-
-
-def _series(args: argparse.Namespace) -> Path:
-    return Path(args.patches_dir or manifest_mod.PATCH_DIR)
+    p.set_defaults(func=lambda a: remove(a.vllm, a.delete_branch, patch_dir=Path(a.patches_dir)))
+    subparsers.choices["status"].set_defaults(func=lambda a: status(a.vllm, Path(a.patches_dir)))
