@@ -49,11 +49,8 @@ def history(repo: Path) -> Iterator[tuple[str, str | None]]:
 
 
 def _recorded_version(repo: Path, commit: str) -> str | None:
-    text = g.blob(repo, f"{commit}:{PATCH_DIR}/{MANIFEST}")
-    if text is None:
-        return None
-    try:
-        version = json.loads(text)["series"]["version"]
+    try:  # no manifest there: json.loads(None) raises TypeError
+        version = json.loads(g.blob(repo, f"{commit}:{PATCH_DIR}/{MANIFEST}"))["series"]["version"]
     except (ValueError, KeyError, TypeError):
         return None
     return None if version is None else str(version)
