@@ -22,8 +22,6 @@ from .git import describe_blob as _describe
 
 PATCH_DIR = manifest_mod.PATCH_DIR.relative_to(manifest_mod.ROOT).as_posix()
 MANIFEST = manifest_mod.MANIFEST_PATH.name
-# "2", "v2", "2.1": a version; anything else is read as a commit-ish.
-_VERSION_SPEC = re.compile(r"^v?(\d+(?:\.\d+)*)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +69,7 @@ def resolve(repo: Path, spec: str | None) -> SeriesVersion:
     if spec is None:
         manifest = manifest_mod.load(repo / PATCH_DIR / MANIFEST)
         return SeriesVersion(spec="", version=manifest.version, commit=None)
-    match = _VERSION_SPEC.match(spec)
+    match = re.fullmatch(r"v?(\d+(?:\.\d+)*)", spec)  # "2", "v2", "2.1"; else a commit-ish
     if match:
         wanted = match.group(1)
         for commit, version in history(repo):
