@@ -27,9 +27,9 @@ def default_checkout() -> Path:
     return base_mod.WORK_DIR / "vllm"
 
 
-def ensure_default_checkout(manifest: manifest_mod.Manifest, log=print) -> Path:
+def ensure_default_checkout(manifest: manifest_mod.Manifest) -> Path:
     """Materialise the pinned base (cached) and clone it to ``work/vllm`` once."""
-    repo, _commit, _sha = base_mod.materialise_pinned(manifest, log=log)
+    repo = base_mod.materialise_pinned(manifest)[0]
     checkout = default_checkout()
     if not checkout.exists():
         base_mod.clone(repo, checkout)
