@@ -40,9 +40,8 @@ def patch_id_of_file(path: Path) -> str:
 
 def subject_of_file(path: Path) -> str:
     """The patch's subject without the ``[PATCH n/m]`` prefix."""
-    with path.open(encoding="utf-8", errors="surrogateescape") as f:
-        headers = email.parser.Parser().parse(f, headersonly=True)
-    raw = headers.get("Subject")
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    raw = email.parser.Parser().parsestr(text, headersonly=True)["Subject"]
     if raw is None:
         raise SeriesError(f"{path} has no Subject header: not a git format-patch file")
     subject = str(email.header.make_header(email.header.decode_header(raw)))
