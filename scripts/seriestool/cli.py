@@ -29,10 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# A shell's status for a program that SIGPIPE ended (`... | head`).
-EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -49,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-        return EXIT_BROKEN_PIPE
+        return 128 + signal.SIGPIPE  # a shell's status for a program SIGPIPE ended
     except OSError as e:  # after BrokenPipeError, which is one too
         # A full disk, an unwritable folder, a size limit: say so, no traceback.
         where = f": {e.filename}" if e.filename else ""
