@@ -106,7 +106,6 @@ def git(
         input=encode(input) if isinstance(input, str) else input,
         capture_output=True,
         env=_env(env),
-        check=False,
         start_new_session=True,
     )
     if text:
