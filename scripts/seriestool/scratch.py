@@ -103,10 +103,7 @@ def unsettle(moved: list[Path]) -> None:
 
 def sparse_pattern(path: str) -> str:
     """A gitignore-style pattern matching exactly ``path`` (anchored, escaped)."""
-    escaped = re.sub(r"([\\*?\[])", r"\\\1", path)
-    if escaped.endswith(" "):
-        escaped = escaped[:-1] + "\\ "
-    return "/" + escaped
+    return "/" + re.sub(r"([\\*?\[]| \Z)", r"\\\1", path)  # a trailing space, too
 
 
 def apply_patches(
