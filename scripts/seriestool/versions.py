@@ -70,11 +70,8 @@ def resolve(repo: Path, spec: str | None) -> SeriesVersion:
         manifest = manifest_mod.load(repo / PATCH_DIR / MANIFEST)
         return SeriesVersion(spec="", version=manifest.version, commit=None)
     match = re.fullmatch(r"v?(\d+(?:\.\d+)*)", spec)  # "2", "v2", "2.1"; else a commit-ish
-    if match:
-        wanted = match.group(1)
-        for commit, version in history(repo):
-            if version == wanted:
-                return SeriesVersion(spec=spec, version=wanted, commit=commit)
+    if match and (commit := known_versions(repo).get(match[1])):
+        return SeriesVersion(spec=spec, version=match[1], commit=commit)
     commit = g.rev(repo, spec)
     if commit is None:
         what = (
