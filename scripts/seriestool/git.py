@@ -248,10 +248,7 @@ def operation_in_progress(repo: Path) -> str | None:
         "REVERT_HEAD": "git revert",
         "BISECT_LOG": "git bisect",
     }
-    for marker, name in markers.items():
-        if (gdir / marker).exists():
-            return name
-    return None
+    return next((name for marker, name in markers.items() if (gdir / marker).exists()), None)
 
 
 # The committer of commits made only in the tool's own throw-away
