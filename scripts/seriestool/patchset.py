@@ -231,14 +231,11 @@ def failure_lines(checkout: Path, git_output: str, ours: str) -> list[str]:
         "no file was merged with conflict markers: the patch could not be"
         " applied even with a 3-way merge"
     ]
-    seen = set()
-    for line in re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output):
+    said = re.findall(r"(?:error|CONFLICT|warning)[: (].*", git_output)
+    for line in dict.fromkeys(line.strip() for line in said):  # each once, in order
         # git's "patch failed: FILE" of a file the 3-way merge then merged
         # cleanly is no conflict: only files left unmerged are named.
-        named = _PATCH_FAILED.match(line.strip())
-        if named and conflicted and (named[1] or named[2]) not in conflicted:
-            continue
-        if line.strip() not in seen:
-            seen.add(line.strip())
-            lines.append(f"git: {line.strip()}")
+        named = _PATCH_FAILED.match(line)
+        if not (named and conflicted and (named[1] or named[2]) not in conflicted):
+            lines.append(f"git: {line}")
     return lines
