@@ -21,9 +21,7 @@ _PATHS = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 def _add_lines(path: Path, lines: Sequence[str]) -> None:
     known = path.read_text(**_PATHS).splitlines() if path.exists() else []
-    new = [line for line in lines if line not in known]
-    if new:
-        path.write_text("".join(f"{line}\n" for line in [*known, *new]), **_PATHS)
+    path.write_text("".join(f"{line}\n" for line in dict.fromkeys([*known, *lines])), **_PATHS)
 
 
 def add_alternate(scratch: Path, repo: Path) -> None:
