@@ -83,8 +83,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     for n, (key, value) in enumerate(settings):
         env[f"GIT_CONFIG_KEY_{n}"] = key
         env[f"GIT_CONFIG_VALUE_{n}"] = value
-    if extra:
-        env.update(extra)
+    env.update(extra or {})
     return env
 
 
