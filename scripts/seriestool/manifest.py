@@ -108,11 +108,8 @@ class Manifest:
         empty = {group.name: group.depends for group in self.groups if not group.patches}
 
         def through(names: list[str]) -> list[str]:
-            out: list[str] = []
-            for name in names:
-                for dep in through(empty[name]) if name in empty else [name]:
-                    out += [dep] if dep not in out else []
-            return out
+            deps = (through(empty[n]) if n in empty else [n] for n in names)
+            return list(dict.fromkeys(dep for each in deps for dep in each))
 
         for name, depends in empty.items():
             users = [group.name for group in self.groups if name in group.depends]
