@@ -134,14 +134,12 @@ def classify(
         if head == states[k]:
             return k, []
     base, result = states[0], states[-1]
-    differ = []
-    for path in sorted(base):
-        if head[path] != base[path]:
-            also = ", the series' result" if head[path] == result[path] else ""
-            differ.append(
-                f"{path}: {_describe(head[path])}{also}; base has {_describe(base[path])}"
-            )
-    return None, differ
+    also = {p: ", the series' result" if head[p] == result[p] else "" for p in base}
+    return None, [
+        f"{p}: {_describe(head[p])}{also[p]}; base has {_describe(base[p])}"
+        for p in sorted(base)
+        if head[p] != base[p]
+    ]
 
 
 # A series state whose first ``held`` of ``total`` patches a commit's files hold.
