@@ -303,9 +303,8 @@ def _build(repo: Path, start: str, patches: list[Path], images: list,
             raise SeriesError(
                 f"the series does not apply to {repo}; nothing was changed\n  {e}"
             ) from None
-        before = commits[-1]
-        actual = g.blob_ids(work, before, paths)
-        wrong = [p for p in paths if actual[p] != result[p]]
+        tip = commits[-1]
+        wrong = [p for p, blob in g.blob_ids(work, tip, paths).items() if blob != result[p]]
         if wrong:
             raise SeriesError(
                 f"the applied series is not the series' recorded result in {', '.join(wrong)};"
@@ -313,8 +312,8 @@ def _build(repo: Path, start: str, patches: list[Path], images: list,
             )
         g.git(work, "config", "uploadpack.allowAnySHA1InWant", "true")
         g.git(repo, "fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
-              str(work), before, env=objects)  # fmt: skip
-    return before, commits
+              str(work), tip, env=objects)  # fmt: skip
+    return tip, commits
 
 
 def run(args: argparse.Namespace) -> int:
