@@ -160,10 +160,9 @@ def held_in(repo: Path, commit: str, patch_dir: Path) -> Held | None:
             if version is None or text in seen:
                 continue
             seen.add(text)
-            state = SeriesVersion(rev, version, rev)
+            state, folder = SeriesVersion(rev, version, rev), Path(tmp) / rev
             with contextlib.suppress(SeriesError):  # a broken state is no version
-                found = _held(repo, commit, state, write_patches(tooling, state, Path(tmp) / rev),
-                              Path(tmp) / rev)  # fmt: skip
+                found = _held(repo, commit, state, write_patches(tooling, state, folder), folder)
             if found:
                 return found
     return None
@@ -179,10 +178,9 @@ def _past_manifests(patch_dir: Path) -> Iterator[tuple[Path, str, str | None, by
 
 
 def _held(repo, commit, state, manifest, patch_dir) -> Held | None:
-    paths = sorted(manifest.base.touched_files)
     images = patchset.images(manifest.patch_paths(patch_dir))
     states = patchset.states(manifest.base.touched_files, images)
-    k, _ = classify(g.blob_ids(repo, commit, paths), states)
+    k, _ = classify(g.blob_ids(repo, commit, sorted(manifest.base.touched_files)), states)
     return Held(state, k, len(images), manifest) if k else None
 
 
