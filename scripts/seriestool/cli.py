@@ -1,31 +1,44 @@
 """Command line: ``python -m seriestool <command>``; each command's module has
-``register(subparsers)``: all of them are found.
+``register(subparsers)``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
-import pkgutil
 import signal
 import sys
-from pathlib import Path
 
 from .errors import SeriesError
 
+COMMAND_MODULES = (
+    "basecmd",
+    "apply",
+    "export",
+    "check_manifest",
+    "audit",
+    "rebase",
+    "compare",
+    "restore",
+    "status",
+    "seriestest",
+    "smoke",
+    "pr",
+    "device",
+    "wheel",
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = argparse.ArgumentParser(
         prog="seriestool",
         description="Tooling for the vLLM weight-loader patch series.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for found in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if found.name != "__main__":  # it runs the tool
-            module = importlib.import_module(f"seriestool.{found.name}")
-            if hasattr(module, "register"):
-                module.register(subparsers)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"seriestool.{name}").register(subparsers)
     return parser
 
 
