@@ -112,9 +112,8 @@ def import_tree(tree: Path, repo: Path, message: str) -> str:
     gd = f"--git-dir={repo}"
     files: list[tuple[str, str]] = []  # (mode, relative path)
     links: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(tree):
-        dirnames.sort()
-        for name in sorted(filenames):
+    for dirpath, _dirnames, filenames in os.walk(tree):  # update-index sorts the entries
+        for name in filenames:
             full = Path(dirpath) / name
             rel = full.relative_to(tree).as_posix()
             if full.is_symlink():
