@@ -99,7 +99,7 @@ def unpack(sdist: Path, dest: Path) -> Path:
             tar.extractall(dest, filter="data")
     except tarfile.TarError as e:
         raise SeriesError(f"cannot unpack {sdist.name} safely: {e}") from None
-    tops = [p for p in dest.iterdir()]
+    tops = list(dest.iterdir())
     if len(tops) != 1 or not tops[0].is_dir():
         raise SeriesError(f"{sdist.name} does not unpack to a single folder")
     return tops[0]
@@ -158,14 +158,13 @@ def materialise(
     a temporary folder renamed into place only when complete."""
     repo = base_repo_path(project, version)
     stamp = repo / "series-sdist-sha256"
-    if repo.exists() and g.rev(repo, BASE_BRANCH) and stamp.exists():
+    if stamp.exists() and (commit := g.rev(repo, BASE_BRANCH)):
         recorded = stamp.read_text().strip()
         if sha256 and recorded != sha256:
             raise SeriesError(
                 f"cached base {repo} was built from an sdist with sha256 {recorded},"
                 f" not {sha256}; remove {repo} and run again"
             )
-        commit = g.rev(repo, BASE_BRANCH)
         _check_commit(commit, expected_commit, repo)
         return repo, commit, recorded
 
