@@ -43,6 +43,14 @@ def sdist_filename(project: str, version: str) -> str:
     return f"{project}-{version}.tar.gz"
 
 
+def pip_download(dest: Path, *args: str, env=None) -> tuple[int, list[str]]:
+    """``pip download --no-deps`` into ``dest``: (exit status, its stderr's else stdout's lines)."""
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar=off"]
+    cmd = [*pip, "--disable-pip-version-check", "-d", str(dest), *args]
+    proc = interrupts.run(cmd, capture_output=True, text=True, env=env)
+    return proc.returncode, (proc.stderr or proc.stdout).strip().splitlines()
+
+
 def fetch_sdist(
     project: str,
     version: str,
@@ -53,24 +61,16 @@ def fetch_sdist(
     """Download ``project==version``'s sdist into ``dest_dir`` with pip; returns it
     and its sha256 (``sha256``: the one it must have; None: the index's)."""
     requirement = f"{project}=={version}"
-    cmd = [
-        sys.executable, "-m", "pip", "download",
-        "--no-deps", "--no-binary=:all:", "--no-build-isolation",
-        "--disable-pip-version-check", "--progress-bar=off",
-        "-d", str(dest_dir), *pip_args,
-    ]  # fmt: skip
+    args = ["--no-binary=:all:", "--no-build-isolation", *pip_args, requirement]
     if sha256:
         req_file = dest_dir / "requirement.txt"
         req_file.write_text(f"{requirement} --hash=sha256:{sha256}\n")
-        cmd += ["--require-hashes", "-r", str(req_file)]
-    else:
-        cmd.append(requirement)
+        args[-1:] = ["--require-hashes", "-r", str(req_file)]
     env = dict(os.environ, VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=version)
-    proc = interrupts.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
+    rc, detail = pip_download(dest_dir, *args, env=env)
+    if rc != 0:
         hint = ""
-        if "DO NOT MATCH THE HASHES" in proc.stderr:
+        if any("DO NOT MATCH THE HASHES" in line for line in detail):
             hint = (
                 f"\nThe sdist {sdist_filename(project, version)} does not have the"
                 f" pinned sha256 {sha256}: refusing it. If upstream re-published"

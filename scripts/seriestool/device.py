@@ -17,8 +17,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -270,36 +268,26 @@ def wheel_name_version(filename: str) -> tuple[str, str]:
     return normalise(parts[0]), parts[1]
 
 
-def pip_download_command(name: str, version: str, dest: Path) -> list[str]:
-    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--python-version", "3.12", "--implementation", "cp", "--disable-pip-version-check",
-            "--progress-bar=off", "-d", str(dest), *platforms, f"{name}=={version}"]  # fmt: skip
-
-
 def fetch_wheels(
     wheels: Sequence[tuple[str, str]] = WHEELS, cache: Path | None = None, log=print
 ) -> list[Path]:
     """One cp312 manylinux x86_64 wheel per pinned requirement, cached."""
     cache = cache or CACHE_DIR / "wheels"
+    binary = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
+    binary += [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     found = []
     for name, version in wheels:
         folder = cache / f"{normalise(name)}-{version}"
-        have = sorted(folder.glob("*.whl")) if folder.exists() else []
+        have = sorted(folder.glob("*.whl"))
         if len(have) != 1:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             log(f"downloading {name}=={version} ...")
-            proc = subprocess.run(pip_download_command(name, version, folder),
-                                  capture_output=True, text=True)  # fmt: skip
+            rc, detail = base_mod.pip_download(folder, *binary, f"{name}=={version}")
             have = sorted(folder.glob("*.whl"))
-            if proc.returncode != 0 or len(have) != 1:
+            if rc != 0 or len(have) != 1:
                 shutil.rmtree(folder, ignore_errors=True)
-                detail = [
-                    line
-                    for line in (proc.stderr or proc.stdout).splitlines()
-                    if line.strip() and "is ignored" not in line
-                ]
+                detail = [line for line in detail if line.strip() and "is ignored" not in line]
                 raise SeriesError(
                     f"pip found no cp312 manylinux x86_64 wheel of {name}=={version}:\n  "
                     + "\n  ".join(detail[-6:])

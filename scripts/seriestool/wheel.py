@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import shutil
-import sys
 import tempfile
 import zipfile
 import zlib
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from . import base as base_mod
 from . import git as g
-from . import hints, interrupts, patchset
+from . import hints, patchset
 from . import manifest as manifest_mod
 from .device import changed_files
 from .errors import SeriesError
@@ -89,13 +88,10 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
     log(f"downloading {project}=={version}'s wheel from {pip_sources()} into {cache} (once; a"
         " few hundred MB)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="download-", dir=cache) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--platform", PLATFORM, "--disable-pip-version-check", "--progress-bar=off",
-               "-d", tmp, f"{project}=={version}"]  # fmt: skip
-        proc = interrupts.run(cmd, capture_output=True, text=True)
+        args = ["--only-binary=:all:", "--platform", PLATFORM, f"{project}=={version}"]
+        rc, detail = base_mod.pip_download(Path(tmp), *args)
         got = sorted(Path(tmp).glob(pattern))
-        if proc.returncode != 0 or len(got) != 1:
-            detail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+        if rc != 0 or len(got) != 1:
             wanted = f"{project}-{version}-*-{PLATFORM}.whl"
             links = os.environ.get("PIP_FIND_LINKS")
             if links:
@@ -107,7 +103,7 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
                 hint = f"download {wanted} into {cache}"
             raise SeriesError(
                 f"pip found no {PLATFORM} wheel of {project}=={version} in {pip_sources()}:\n  "
-                + "\n  ".join(detail) + f"\n{hint}, or name one with WHEEL=<path>"
+                + "\n  ".join(detail[-4:]) + f"\n{hint}, or name one with WHEEL=<path>"
             )  # fmt: skip
         dest = cache / got[0].name
         # The record first: a wheel without one is refused, a record alone is unused.

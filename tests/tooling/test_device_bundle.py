@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from seriestool import base as base_mod
-from seriestool import device
+from seriestool import device, interrupts
 from seriestool import git as g
 from seriestool import manifest as manifest_mod
 from seriestool.errors import SeriesError
@@ -194,11 +194,20 @@ def test_a_patch_that_does_not_apply_is_refused(toy, tmp_path):
 # --- wheels --------------------------------------------------------------------
 
 
-def test_wheel_pins_one_version_each_with_instanttensor():
+def test_wheel_pins_one_version_each_with_instanttensor(tmp_path, monkeypatch):
     names = [device.normalise(n) for n, _ in device.WHEELS]
     assert len(names) == len(set(names))
     assert ("instanttensor", "0.2.2") in device.WHEELS
-    cmd = device.pip_download_command("pydantic", "2.14.4", Path("/x"))
+    calls = []
+
+    def pip(cmd, **_kw):
+        calls.append(cmd)
+        _fake_wheel(Path(cmd[cmd.index("-d") + 1]), "pydantic-2.14.4-py3-none-any.whl")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(interrupts, "run", pip)
+    device.fetch_wheels([("pydantic", "2.14.4")], cache=tmp_path, log=lambda *_: None)
+    [cmd] = calls
     assert {"--no-deps", "--only-binary=:all:"} <= set(cmd)
     assert cmd[cmd.index("--python-version") + 1] == "3.12"
     assert "manylinux_2_28_x86_64" in cmd and cmd[-1] == "pydantic==2.14.4"
