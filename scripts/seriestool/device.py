@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import io
 import json
-import os
 import re
 import shutil
 import tarfile
@@ -69,7 +67,6 @@ NEGATIVE_CONTROLS: tuple[str, ...] = (
 
 # Fixed metadata for archive members: the archives depend on content only.
 ARCHIVE_MTIME = 946684800  # 2000-01-01T00:00:00Z
-XZ_PRESET = 6
 
 
 # --- trees -----------------------------------------------------------------
@@ -97,23 +94,15 @@ def write_archive(root: Path, paths: Iterable[str], dest: Path) -> int:
     paths = sorted(paths)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
-    with tarfile.open(tmp, "w:xz", preset=XZ_PRESET, format=tarfile.PAX_FORMAT) as tar:
+
+    def fixed(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.uid, info.gid, info.uname, info.gname = ARCHIVE_MTIME, 0, 0, "root", "root"
+        info.mode = 0o755 if info.mode & 0o100 else 0o644
+        return info
+
+    with tarfile.open(tmp, "w:xz", format=tarfile.PAX_FORMAT) as tar:
         for rel in paths:
-            full = root / rel
-            info = tarfile.TarInfo(rel)
-            info.mtime = ARCHIVE_MTIME
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            if full.is_symlink():
-                info.type = tarfile.SYMTYPE
-                info.linkname = os.readlink(full)
-                info.mode = 0o777
-                tar.addfile(info)
-                continue
-            data = full.read_bytes()
-            info.size = len(data)
-            info.mode = 0o755 if os.stat(full).st_mode & 0o100 else 0o644
-            tar.addfile(info, io.BytesIO(data))
+            tar.add(root / rel, arcname=rel, recursive=False, filter=fixed)
     tmp.replace(dest)
     return len(paths)
 
