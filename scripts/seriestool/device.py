@@ -10,7 +10,6 @@ needs neither git nor patch (qualification/README.md).
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import re
@@ -18,7 +17,7 @@ import shutil
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from . import base as base_mod
@@ -107,23 +106,11 @@ def write_archive(root: Path, paths: Iterable[str], dest: Path) -> int:
     return len(paths)
 
 
-def changed_files(checkout: Path, base_rev: str) -> tuple[list[str], list[str]]:
-    """(added or modified, deleted) paths between ``base_rev`` and HEAD."""
+def changed_files(checkout: Path, base_rev: str) -> dict[str, str]:
+    """``{path: git's status letter (A, M, D...)}`` of what HEAD changes since ``base_rev``."""
     status = g.out(checkout, "diff", "--name-status", "--no-renames", "-z", base_rev, "HEAD")
-    fields = [f for f in status.split("\0") if f]
-    changed, deleted = [], []
-    for kind, path in zip(fields[0::2], fields[1::2], strict=True):
-        (deleted if kind == "D" else changed).append(path)
-    return sorted(changed), sorted(deleted)
-
-
-def adding_patch(checkout: Path, base_rev: str, test: str) -> int | None:
-    """Index (0-based) of the commit adding ``test`` (file or file::function), or None."""
-    path, _, name = test.partition("::")
-    commits = g.out(checkout, "rev-list", "--reverse", f"{base_rev}..HEAD").split()
-    pick = [f"-Sdef {name}("] if name else ["--diff-filter=A"]
-    added = g.out(checkout, "log", *pick, "--format=%H", f"{base_rev}..HEAD", "--", path).split()
-    return commits.index(added[-1]) if added else None
+    fields = status.split("\0")
+    return dict(zip(fields[1::2], fields[0::2], strict=False))
 
 
 def added_tests(checkout: Path, base_rev: str, path: str) -> list[str]:
@@ -143,55 +130,56 @@ def build_trees(
     """Write the base archive and the overlays into ``out_dir/trees``; returns
     the ``trees`` / ``tests`` / ``negative_controls`` part of bundle.json."""
     base_commit = g.rev(base_repo, base_branch)
-    if base_commit is None:
-        raise SeriesError(f"{base_repo} has no branch {base_branch}")
     pids = [patchset.patch_id_of_file(p) for p in patches]
     series_key = hashlib.sha256(
         json.dumps([base_commit, pids, sorted(negative_controls)]).encode()
     ).hexdigest()[:16]
-    trees_dir = out_dir / "trees"
-    trees_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "trees").mkdir(parents=True, exist_ok=True)
     keys = ("series_tests", "tests_not_run", "negative_controls", "negative_controls_missing")
     result: dict = {"trees": {}, **{key: [] for key in keys}}
 
     (CACHE_DIR / "scratch").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="device-", dir=CACHE_DIR / "scratch") as tmp_name:
-        tmp = Path(tmp_name)
-        checkouts: dict[str, Path] = {}
 
         def checkout(name: str, prefix: Sequence[Path]) -> Path:
-            if name not in checkouts:
-                path = base_mod.clone(base_repo, tmp / name, branch=base_branch)
+            path = Path(tmp_name) / name
+            if not path.exists():
+                base_mod.clone(base_repo, path, branch=base_branch)
                 if prefix:
                     patchset.am(path, prefix)
-                checkouts[name] = path
-            return checkouts[name]
+            return path
 
-        def add_tree(name: str, key: str, build: Callable[[Path], dict], prefix=None) -> None:
-            """Pack tree ``name`` once per cache ``key`` (with its description); copy it in."""
-            folder = CACHE_DIR / "trees" / key
+        def add_tree(name: str, prefix: Sequence[Path] | None = None, extra=()) -> None:
+            """Pack tree ``name``, the base or (``prefix`` given) the overlay of
+            ``prefix`` plus the series' ``extra`` files, once per cache key; copy it in."""
+            folder = CACHE_DIR / "trees" / (series_key if prefix is not None else base_commit[:16])
             archive, meta_path = folder / f"{name}.tar.xz", folder / f"{name}.json"
-            if archive.exists() and meta_path.exists():
-                meta = json.loads(meta_path.read_text())
-            else:
-                folder.mkdir(parents=True, exist_ok=True)
+            if not (archive.exists() and meta_path.exists()):
                 log(f"packing {name} ...")
-                meta = build(archive)
+                co = checkout(name, prefix or [])
+                if prefix is None:
+                    files = [p for p in g.out(co, "ls-files", "-z").split("\0") if in_tree(p)]
+                    meta = {"files": write_archive(co, files, archive)}
+                else:
+                    for rel in extra:  # a control's test file, from the full series
+                        (co / rel).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(series / rel, co / rel)
+                    status = changed_files(co, base_commit)
+                    members = sorted({*(p for p, k in status.items() if k != "D"), *extra})
+                    members = [p for p in members if in_overlay(p)]
+                    meta = {
+                        "files": write_archive(co, members, archive),
+                        "deleted": [p for p, k in status.items() if k == "D" and in_overlay(p)],
+                        "changed": members,
+                    }
                 meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-            shutil.copy2(archive, trees_dir / f"{name}.tar.xz")
-            overlay = {"overlay_of": "base", "patches": [p.name for p in prefix or []]}
-            result["trees"][name] = {
-                "archive": f"trees/{name}.tar.xz",
-                **(overlay if prefix is not None else {}),
-                **meta,
-            }
+            shutil.copy2(archive, out_dir / "trees" / f"{name}.tar.xz")
+            tree = {"archive": f"trees/{name}.tar.xz"}
+            if prefix is not None:
+                tree |= {"overlay_of": "base", "patches": [p.name for p in prefix]}
+            result["trees"][name] = tree | json.loads(meta_path.read_text())
 
-        def pack_base(dest: Path) -> dict:
-            co = checkout("base", [])
-            files = [p for p in g.out(co, "ls-files", "-z").split("\0") if in_tree(p)]
-            return {"files": write_archive(co, files, dest)}
-
-        add_tree("base", base_commit[:16], pack_base)
+        add_tree("base")
         if not patches:
             return result
 
@@ -199,45 +187,27 @@ def build_trees(
             series = checkout("series", patches)
         except SeriesError as e:
             raise SeriesError(f"the series does not apply to the base: {e}") from None
-        changed, _deleted = changed_files(series, base_commit)
-
-        def pack_overlay(co: Path, dest: Path, extra: Sequence[str] = ()) -> dict:
-            ch, de = changed_files(co, base_commit)
-            members = [p for p in ch if in_overlay(p)]
-            # Extra files (a control's test file) come from the full series.
-            for rel in extra:
-                target = co / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(series / rel, target)
-                if rel not in members:
-                    members.append(rel)
-            return {
-                "files": write_archive(co, members, dest),
-                "deleted": [p for p in de if in_overlay(p)],
-                "changed": sorted(members),
-            }
-
-        add_tree("series", series_key, functools.partial(pack_overlay, series), patches)
-        tests = [p for p in changed if is_test_file(p)]
-        upstream = [p for p in tests if g.out(series, "cat-file", "-t", f"{base_commit}:{p}",
-                                              check=False) == "blob"]  # fmt: skip
-        nodes = {p: added_tests(series, base_commit, p) for p in upstream}
+        add_tree("series", patches)
+        status = changed_files(series, base_commit)
+        tests = [p for p in status if is_test_file(p) and status[p] != "D"]
+        nodes = {p: added_tests(series, base_commit, p) for p in tests if status[p] != "A"}
         result["series_tests"] = [p for p in tests if p not in nodes] + sum(nodes.values(), [])
-        result["tests_not_run"] = [p for p in upstream if not nodes[p]]
+        result["tests_not_run"] = [p for p in nodes if not nodes[p]]
 
+        commits = g.out(series, "rev-list", "--reverse", f"{base_commit}..HEAD").split()
         for test in negative_controls:
-            path = test.partition("::")[0]
-            index = adding_patch(series, base_commit, test) if path in changed else None
-            if index is None:
+            path, _, func = test.partition("::")
+            pick = [f"-Sdef {func}("] if func else ["--diff-filter=A"]
+            log_args = ["log", *pick, "--format=%H", f"{base_commit}..HEAD", "--", path]
+            added = g.out(series, *log_args).split() if status.get(path, "D") != "D" else []
+            if not added:
                 result["negative_controls_missing"].append(test)
                 log(f"note: no patch of the series adds {test}; negative control skipped")
                 continue
+            index = commits.index(added[-1])
             without = patches[index]
             name = f"before-{without.name[:4]}"
-            co = checkout(name, patches[:index])
-            add_tree(
-                name, series_key, functools.partial(pack_overlay, co, extra=[path]), patches[:index]
-            )
+            add_tree(name, patches[:index], extra=[path])
             result["negative_controls"].append(
                 {"tree": name, "test": test, "without_patch": without.name, "expect": "fail"}
             )

@@ -170,9 +170,11 @@ def series_files(base_repo: Path, base_branch: str, patches: Sequence[Path]) -> 
             patchset.am(checkout, patches)
         except SeriesError as e:
             raise SeriesError(f"the series does not apply to the base: {e}") from None
-        changed, deleted = changed_files(checkout, base_commit)
-        files: dict = {p: g.blob(checkout, f"HEAD:{p}") for p in changed if p.startswith(PACKAGE)}
-        return files | {p: None for p in deleted if p.startswith(PACKAGE)}
+        return {
+            p: None if kind == "D" else g.blob(checkout, f"HEAD:{p}")
+            for p, kind in changed_files(checkout, base_commit).items()
+            if p.startswith(PACKAGE)
+        }
 
 
 def set_version(metadata: bytes, version: str) -> bytes:
