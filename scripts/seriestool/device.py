@@ -270,10 +270,6 @@ def check_wheels(paths: Sequence[Path]) -> None:
 # --- the bundle --------------------------------------------------------------
 
 
-def folder_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 def build_bundle(manifest: manifest_mod.Manifest, out_dir: Path = BUNDLE_DIR, log=print) -> dict:
     """Write the whole bundle into ``out_dir`` (replacing it); returns bundle.json."""
     repo, commit, sha = base_mod.materialise_pinned(manifest, log=log)
@@ -314,25 +310,21 @@ def build_bundle(manifest: manifest_mod.Manifest, out_dir: Path = BUNDLE_DIR, lo
     return bundle
 
 
-def mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
 def run(args: argparse.Namespace) -> int:
-    manifest = manifest_mod.load()
     out_dir = Path(args.out) if args.out else BUNDLE_DIR
-    bundle = build_bundle(manifest, out_dir)
-    size = folder_size(out_dir)
-    parts = {
-        "wheels": folder_size(out_dir / "wheels"),
-        **{name: (out_dir / t["archive"]).stat().st_size for name, t in bundle["trees"].items()},
-    }
+    bundle = build_bundle(manifest_mod.load(), out_dir)
+
+    def mib(path: Path) -> str:
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        return f"{sum(p.stat().st_size for p in files) / 2**20:.1f} MiB"
+
     print(
-        f"\n{out_dir}: {mib(size)} ({bundle['mode']}; base {bundle['base']['commit'][:12]},"
+        f"\n{out_dir}: {mib(out_dir)} ({bundle['mode']}; base {bundle['base']['commit'][:12]},"
         f" {len(bundle['patches'])} patches)"
     )
-    for name, n in parts.items():
-        print(f"  {name:<14} {mib(n)}")
+    parts = {"wheels": "wheels", **{name: t["archive"] for name, t in bundle["trees"].items()}}
+    for name, path in parts.items():
+        print(f"  {name:<14} {mib(out_dir / path)}")
     if bundle["series_tests"]:
         print("  series tests run on the device: " + ", ".join(bundle["series_tests"]))
     for control in bundle["negative_controls"]:
