@@ -38,24 +38,18 @@ ADDED_DATE = (2000, 1, 1, 0, 0, 0)  # zip date of files the series adds
 ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, OSError)
 
 
-def patches_digest(patches: Sequence[Path]) -> str:
-    """The first 12 hex digits of a sha256 over the patch files' sha256s, one a
-    line, in order (the sha256s ``patches/series.json`` records)."""
-    digest = hashlib.sha256()
-    for path in patches:
-        digest.update(f"{base_mod.sha256_of(path)}\n".encode())
-    return digest.hexdigest()[:12]
-
-
 def local_version(version: str, series_version: str, patches: Sequence[Path]) -> str:
     """The patched wheel's version, ``<version>+instanttensor.v<N>.<digest>``: it
     satisfies ``==<version>``, names the series version and, by the digest of
     its patch files, the build (pip takes a wheel of the installed version as
-    installed, so another build must have another version)."""
+    installed, so another build must have another version): the first 12 hex
+    digits of a sha256 over the patch files' sha256s, one a line, in order (the
+    sha256s ``patches/series.json`` records)."""
     label = f"{LOCAL_LABEL}.v{series_version}".lower()
     if not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
         raise SeriesError(f"series version {series_version!r} makes no PEP 440 local version")
-    return f"{version}+{label}.{patches_digest(patches)}"
+    sums = "".join(f"{base_mod.sha256_of(path)}\n" for path in patches)
+    return f"{version}+{label}.{hashlib.sha256(sums.encode()).hexdigest()[:12]}"
 
 
 class DamagedWheel(SeriesError):
