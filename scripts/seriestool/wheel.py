@@ -74,10 +74,16 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
     recorded beside the wheel, and the cached wheel is checked against it at
     each use."""
     pattern = f"{project}-{version}-*.whl"
-    found = sorted(cache.glob(pattern))
-    if found:
-        check_recorded(found[0])
-        return found[0]
+    if found := sorted(cache.glob(pattern)):
+        wheel, record = found[0], record_of(found[0])
+        if not record.is_file():
+            raise DamagedWheel(f"{wheel} has no {record.name} beside it, the sha256 recorded when"
+                               " `make wheel` downloaded it: it cannot be checked")  # fmt: skip
+        recorded, actual = record.read_text().split()[:1], base_mod.sha256_of(wheel)
+        if recorded != [actual]:
+            raise DamagedWheel(f"{wheel} has sha256 {actual}, not {''.join(recorded)}, the sha256"
+                               " recorded when it was downloaded: it is damaged")  # fmt: skip
+        return wheel
     cache.mkdir(parents=True, exist_ok=True)
     log(f"downloading {project}=={version}'s wheel from {pip_sources()} into {cache} (once; a"
         " few hundred MB)")  # fmt: skip
@@ -114,19 +120,6 @@ def pip_sources() -> str:
     """Where pip looks for a download, as its environment says (PyPI unless set)."""
     index = "" if no_index() else os.environ.get("PIP_INDEX_URL") or "PyPI"
     return " and ".join(filter(None, [index, os.environ.get("PIP_FIND_LINKS")])) or "no index"
-
-
-def check_recorded(wheel: Path) -> None:
-    """Refuse a cached wheel whose sha256 is not the one recorded when it was downloaded."""
-    record = record_of(wheel)
-    if not record.is_file():
-        raise DamagedWheel(f"{wheel} has no {record.name} beside it, the sha256 recorded when"
-                           " `make wheel` downloaded it: it cannot be checked")  # fmt: skip
-    recorded = record.read_text().split()[:1]
-    actual = base_mod.sha256_of(wheel)
-    if recorded != [actual]:
-        raise DamagedWheel(f"{wheel} has sha256 {actual}, not {''.join(recorded)}, the sha256"
-                           " recorded when it was downloaded: it is damaged")  # fmt: skip
 
 
 def check_released(released: Path, project: str, version: str) -> None:
