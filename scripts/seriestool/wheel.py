@@ -56,12 +56,6 @@ class DamagedWheel(SeriesError):
     """The released wheel is damaged or another one; ``run`` adds how to get it again."""
 
 
-def download_command(project: str, version: str) -> str:
-    """The pip command that downloads the released wheel, as ``released_wheel`` does."""
-    return (f"pip download --no-deps --only-binary=:all: --platform {PLATFORM} -d <folder>"
-            f" {project}=={version}")  # fmt: skip
-
-
 def record_of(wheel: Path) -> Path:
     """Where the sha256 of a downloaded wheel is kept: beside it, as ``sha256sum`` writes it."""
     return wheel.with_name(wheel.name + ".sha256")
@@ -266,19 +260,6 @@ def write(zout: zipfile.ZipFile, info: zipfile.ZipInfo, chunks) -> tuple[str, st
     return info.filename, f"sha256={encoded}", str(size)
 
 
-def refetch(project: str, version: str, given: Path | None) -> str:
-    """How to get the released wheel again, in place of the one given (WHEEL=)
-    or cached that is damaged or another."""
-    make = hints.make("wheel")
-    if given:
-        return (f"get the released wheel of {project}=={version}"
-                f" (`{download_command(project, version)}`: pip checks it against the"
-                f" index's sha256), or leave WHEEL= out: `{make}` downloads it")  # fmt: skip
-    cached = sorted(CACHE_DIR.glob(f"{project}-{version}-*.whl"))
-    paths = " ".join(shlex.quote(str(p)) for w in cached for p in (w, record_of(w)))
-    return f"delete it (`rm -f {paths}`) and run `{make}` again: it downloads the wheel again"
-
-
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
     project, version = manifest.base.project, manifest.base.version
@@ -295,8 +276,18 @@ def run(args: argparse.Namespace) -> int:
         released = args.wheel or released_wheel(project, version, CACHE_DIR)
         repo, _commit, _sha = base_mod.materialise_pinned(manifest)
         dest = build(repo, base_mod.BASE_BRANCH, patches, released, manifest.version, OUT_DIR)
-    except DamagedWheel as e:
-        raise SeriesError(f"{e}\n{refetch(project, version, args.wheel)}") from None
+    except DamagedWheel as e:  # how to get the released wheel again
+        make = hints.make("wheel")
+        if args.wheel:
+            how = (f"get the released wheel of {project}=={version} (`pip download --no-deps"
+                   f" --only-binary=:all: --platform {PLATFORM} -d <folder> {project}=={version}`:"
+                   f" pip checks it against the index's sha256), or leave WHEEL= out: `{make}`"
+                   " downloads it")  # fmt: skip
+        else:
+            cached = sorted(CACHE_DIR.glob(f"{project}-{version}-*.whl"))
+            paths = " ".join(shlex.quote(str(p)) for w in cached for p in (w, record_of(w)))
+            how = f"delete it (`rm -f {paths}`) and run `{make}` again: it downloads it again"
+        raise SeriesError(f"{e}\n{how}") from None
     built = local_version(version, manifest.version, patches)
     print(f"wrote {dest}: {project} {version} with the {len(patches)} patches of series"
           f" {manifest.version}, version {built}.\nInstall it as {project} {version} itself:"
