@@ -43,25 +43,14 @@ FAILED_STEP = "failed step: "
 
 def pytest_failures(output: str) -> list[str]:
     """Node ids of the tests pytest's short summary (``-rfE``) reports failed or in error."""
-    found = []
-    for line in output.splitlines():
-        if line.startswith(("FAILED ", "ERROR ")):
-            node = line.split(" ", 1)[1].split(" - ", 1)[0].strip()
-            if node not in found:
-                found.append(node)
-    return found
+    return list(dict.fromkeys(re.findall(r"(?m)^(?:FAILED|ERROR) (.+?)(?: - .*)?[ \t]*$", output)))
 
 
 def ruff_failures(output: str) -> list[str]:
     """Files ``ruff check`` (any output format) or ``ruff format --check`` reports."""
-    found = []
-    for line in output.splitlines():
-        match = re.match(r"^(?:\s*-->\s*)?([^\s:][^:]*\.pyi?):\d+:\d+", line) or re.match(
-            r"^Would reformat: (.+)$", line
-        )
-        if match and match[1] not in found:
-            found.append(match[1])
-    return found
+    pattern = r"(?:\s*-->\s*)?([^\s:][^:]*\.pyi?):\d+:\d+|Would reformat: (.+)$"
+    found = [re.match(pattern, line) for line in output.splitlines()]
+    return list(dict.fromkeys(m[1] or m[2] for m in found if m))
 
 
 def pytest_command(checkout: Path, *args: str) -> tuple[list[str], dict[str, str]]:
