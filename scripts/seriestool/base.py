@@ -106,38 +106,20 @@ def unpack(sdist: Path, dest: Path) -> Path:
 
 
 def import_tree(tree: Path, repo: Path, message: str) -> str:
-    """Record ``tree`` as one commit on ``base`` in bare ``repo``; returns it.  Plumbing
-    without filters: no config or ``.gitattributes`` changes what is recorded."""
+    """Record ``tree`` as one commit on ``base`` in bare ``repo``; returns it.  Every
+    file, as it is: ``info/attributes`` (ahead of the sdist's ``.gitattributes``)
+    turns off every conversion, and ``add --force`` takes what ``.gitignore`` names."""
     g.git(tree.parent, "init", "-q", "--bare", str(repo))
-    gd = f"--git-dir={repo}"
-    files: list[tuple[str, str]] = []  # (mode, relative path)
-    links: list[str] = []
-    for dirpath, _dirnames, filenames in os.walk(tree):  # update-index sorts the entries
-        for name in filenames:
-            full = Path(dirpath) / name
-            rel = full.relative_to(tree).as_posix()
-            if full.is_symlink():
-                links.append(rel)
-            elif full.is_file():
-                mode = "100755" if os.stat(full).st_mode & 0o100 else "100644"
-                files.append((mode, rel))
-    oids = g.out(
-        tree, gd, "hash-object", "-w", "--no-filters", "--stdin-paths",
-        input="".join(f"{rel}\n" for _, rel in files),
-    ).splitlines()  # fmt: skip
-    entries = [f"{mode} {oid}\t{rel}" for (mode, rel), oid in zip(files, oids, strict=True)]
-    for rel in links:
-        target = os.readlink(tree / rel)
-        oid = g.out(tree, gd, "hash-object", "-w", "--stdin", input=target)
-        entries.append(f"120000 {oid}\t{rel}")
+    attributes = "* -text -ident -filter -working-tree-encoding\n"
+    (repo / "info" / "attributes").write_text(attributes)
+    gd = [f"--git-dir={repo}", f"--work-tree={tree}"]
     index = {"GIT_INDEX_FILE": str(repo / "import-index")}
-    g.git(tree, gd, "update-index", "--add", "--index-info",
-          input="\n".join(entries) + "\n", env=index)  # fmt: skip
-    tree_id = g.out(tree, gd, "write-tree", env=index)
+    g.git(tree, *gd, "add", "--all", "--force", ".", env=index)
+    tree_id = g.out(tree, *gd, "write-tree", env=index)
     (repo / "import-index").unlink()
-    commit = g.out(tree, gd, "commit-tree", tree_id, "-m", message, env=BASE_IDENTITY)
-    g.git(tree, gd, "update-ref", f"refs/heads/{BASE_BRANCH}", commit)
-    g.git(tree, gd, "symbolic-ref", "HEAD", f"refs/heads/{BASE_BRANCH}")
+    commit = g.out(tree, *gd, "commit-tree", tree_id, "-m", message, env=BASE_IDENTITY)
+    g.git(tree, *gd, "update-ref", f"refs/heads/{BASE_BRANCH}", commit)
+    g.git(tree, *gd, "symbolic-ref", "HEAD", f"refs/heads/{BASE_BRANCH}")
     return commit
 
 
