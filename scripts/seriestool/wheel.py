@@ -168,76 +168,69 @@ def set_version(metadata: bytes, version: str) -> bytes:
 
 def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: Path,
           series_version: str, out_dir: Path = OUT_DIR) -> Path:  # fmt: skip
-    """Write the patched wheel into ``out_dir``, in place of any other wheel of the
-    project there; returns its path.  A damaged ``released`` or another release
-    raises ``DamagedWheel``, and ``out_dir`` stays as it was."""
+    """Write the patched wheel, the released one with the series' files and the
+    new version, into ``out_dir``, in place of any other wheel of the project
+    there; returns its path.  A damaged ``released`` or another release raises
+    ``DamagedWheel``, and ``out_dir`` stays as it was."""
     project, version, tags = released.name[: -len(".whl")].split("-", 2)
     check_released(released, project, version)
     new_version = local_version(version, series_version, patches)
     base_commit = g.rev(base_repo, base_branch)
     series = series_files(base_repo, base_branch, patches)
     dest = out_dir / f"{project}-{new_version}-{tags}.whl"
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir.parent) as tmp:
-        partial = Path(tmp) / dest.name
-        with zipfile.ZipFile(released) as zin, zipfile.ZipFile(partial, "w") as zout:
-            rewrite(zin, zout, series, lambda path: g.blob(base_repo, f"{base_commit}:{path}"),
-                    new_version)  # fmt: skip
-        out_dir.mkdir(exist_ok=True)
-        partial.replace(dest)
-    for older in set(out_dir.glob(f"{project}-*.whl")) - {dest}:
-        older.unlink()  # one wheel: `pip install work/wheel/vllm-*.whl` takes it
-    return dest
-
-
-def rewrite(zin: zipfile.ZipFile, zout: zipfile.ZipFile, series: dict, base_blob,
-            new_version: str) -> None:  # fmt: skip
-    """Copy the released wheel ``zin`` into ``zout`` with the ``series`` files
-    and ``new_version``; ``base_blob(path)``: the base's content of a path."""
-    project, version = Path(zin.filename).name.split("-")[:2]
-    released = Path(zin.filename)
     info_dir = f"{project}-{version}.dist-info/"
     renames = {f"{project}-{version}.{kind}/": f"{project}-{new_version}.{kind}/"
                for kind in ("dist-info", "data")}  # fmt: skip
-    names = set(zin.namelist())
-    if f"{info_dir}RECORD" not in names:
-        raise DamagedWheel(f"{released} has no {info_dir}RECORD: it is no wheel")
-    for path in sorted(series):  # nothing is written before every file matches
-        have = zin.read(path) if path in names else None
-        want = base_blob(path)
-        if have != want:
-            how = ("is missing, unlike in" if have is None
-                   else "is in it, not in" if want is None else "differs from")  # fmt: skip
-            raise DamagedWheel(
-                f"{path} in {released.name} {how} the base {project} {version} the series"
-                f" applies to: refusing to build (is {released} the released wheel of"
-                f" {project}=={version}?)"
-            )  # fmt: skip
-    record = csv.reader(io.StringIO(zin.read(f"{info_dir}RECORD").decode()))
-    hashes = {row[0]: row[1] for row in record if row}
-    rows = []
-    for info in zin.infolist():
-        name = info.filename
-        if name.startswith(f"{info_dir}RECORD") or series.get(name, b"") is None:
-            continue  # rewritten below (a signature would not hold), or deleted
-        old = next((o for o in renames if name.startswith(o)), None)
-        new = member(renames[old] + name[len(old) :] if old else name, info)
-        if name in series:
-            rows.append(write(zout, new, [series[name]]))
-        elif name == f"{info_dir}METADATA":
-            rows.append(write(zout, new, [set_version(zin.read(name), new_version)]))
-        else:
-            with zin.open(info) as src:
-                rows.append(write(zout, new, iter(lambda: src.read(1 << 20), b"")))
-            if hashes.get(name, rows[-1][1]) not in ("", rows[-1][1]):
-                raise DamagedWheel(f"{name} in {released} does not match its RECORD: the"
-                                   " file is damaged")  # fmt: skip
-    for path in sorted(p for p in series if p not in names):  # what the series adds
-        rows.append(write(zout, member(path), [series[path]]))
-    rows.append((renames[info_dir] + "RECORD", "", ""))
-    text = io.StringIO()
-    csv.writer(text, lineterminator="\n").writerows(rows)
-    zout.writestr(member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD")), text.getvalue())
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        zipfile.ZipFile(released) as zin,
+        tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir.parent) as tmp,
+    ):
+        names = set(zin.namelist())
+        if f"{info_dir}RECORD" not in names:
+            raise DamagedWheel(f"{released} has no {info_dir}RECORD: it is no wheel")
+        for path in sorted(series):  # nothing is written before every file matches
+            have = zin.read(path) if path in names else None
+            want = g.blob(base_repo, f"{base_commit}:{path}")
+            if have != want:
+                how = ("is missing, unlike in" if have is None
+                       else "is in it, not in" if want is None else "differs from")  # fmt: skip
+                raise DamagedWheel(
+                    f"{path} in {released.name} {how} the base {project} {version} the series"
+                    f" applies to: refusing to build (is {released} the released wheel of"
+                    f" {project}=={version}?)"
+                )  # fmt: skip
+        record = csv.reader(io.StringIO(zin.read(f"{info_dir}RECORD").decode()))
+        hashes = {row[0]: row[1] for row in record if row}
+        rows = []
+        with zipfile.ZipFile(Path(tmp) / dest.name, "w") as zout:
+            for info in zin.infolist():
+                name = info.filename
+                if name.startswith(f"{info_dir}RECORD") or series.get(name, b"") is None:
+                    continue  # rewritten below (a signature would not hold), or deleted
+                old = next((o for o in renames if name.startswith(o)), None)
+                new = member(renames[old] + name[len(old) :] if old else name, info)
+                if name in series:
+                    rows.append(write(zout, new, [series[name]]))
+                elif name == f"{info_dir}METADATA":
+                    rows.append(write(zout, new, [set_version(zin.read(name), new_version)]))
+                else:
+                    with zin.open(info) as src:
+                        rows.append(write(zout, new, iter(lambda: src.read(1 << 20), b"")))
+                    if hashes.get(name, rows[-1][1]) not in ("", rows[-1][1]):
+                        raise DamagedWheel(f"{name} in {released} does not match its RECORD:"
+                                           " the file is damaged")  # fmt: skip
+            for path in sorted(p for p in series if p not in names):  # what the series adds
+                rows.append(write(zout, member(path), [series[path]]))
+            rows.append((renames[info_dir] + "RECORD", "", ""))
+            text = io.StringIO()
+            csv.writer(text, lineterminator="\n").writerows(rows)
+            zout.writestr(member(rows[-1][0], zin.getinfo(f"{info_dir}RECORD")), text.getvalue())
+        out_dir.mkdir(exist_ok=True)
+        (Path(tmp) / dest.name).replace(dest)
+    for older in set(out_dir.glob(f"{project}-*.whl")) - {dest}:
+        older.unlink()  # one wheel: `pip install work/wheel/vllm-*.whl` takes it
+    return dest
 
 
 def member(name: str, like: zipfile.ZipInfo | None = None) -> zipfile.ZipInfo:
