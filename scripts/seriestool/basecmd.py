@@ -11,7 +11,7 @@ from pathlib import Path
 from . import git as g
 from . import manifest as manifest_mod
 from .apply import ensure_default_checkout
-from .base import BASE_BRANCH, base_repo_path, materialise_pinned
+from .base import BASE_BRANCH, materialise_pinned
 from .errors import SeriesError
 
 
@@ -27,24 +27,17 @@ def ruff_pin(pre_commit_config: str) -> str:
     return f"ruff=={match.group(1)}"
 
 
-def test_requirements(manifest: manifest_mod.Manifest) -> str:
-    """The base's ``requirements/common.txt`` and ruff pin, headed by the base
-    (``# vllm 0.33.0: ...``, which ``make venv`` reports when it changes)."""
-    b = manifest.base
-    repo = base_repo_path(b.project, b.version)
-    common = g.out(repo, "show", f"{BASE_BRANCH}:requirements/common.txt")
-    pre_commit = g.out(repo, "show", f"{BASE_BRANCH}:.pre-commit-config.yaml")
-    header = f"# {b.project} {b.version}: requirements/common.txt and its ruff pin"
-    return f"{header}\n{common}\n{ruff_pin(pre_commit)}\n"
-
-
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
     b = manifest.base
     if args.requirements:  # `make venv`, for every target: the base alone, no work/vllm
-        materialise_pinned(manifest)
+        repo, _commit, _sha = materialise_pinned(manifest)
         print(f"pinned base {b.project} {b.version}: commit {b.commit}")
-        Path(args.requirements).write_text(test_requirements(manifest))
+        common = g.out(repo, "show", f"{BASE_BRANCH}:requirements/common.txt")
+        pre_commit = g.out(repo, "show", f"{BASE_BRANCH}:.pre-commit-config.yaml")
+        # Headed by the base (``# vllm 0.33.0: ...``): `make venv` reports when it changes.
+        header = f"# {b.project} {b.version}: requirements/common.txt and its ruff pin"
+        Path(args.requirements).write_text(f"{header}\n{common}\n{ruff_pin(pre_commit)}\n")
         return 0
     checkout = ensure_default_checkout(manifest)
     print(f"pinned base {b.project} {b.version}: commit {b.commit}; checkout {checkout}")
