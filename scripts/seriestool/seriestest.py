@@ -93,15 +93,13 @@ def run_ruff(checkout: Path, files: list[str]) -> tuple[int, list[str]]:
     """ruff check + format --check with the base's own configuration;
     (exit status, the files ruff reports)."""
     ruff = [sys.executable, "-m", "ruff"]
-    rc = 0
-    output = ""
-    for args in (["check"], ["format", "--check"]):
-        proc = subprocess.run([*ruff, *args, *files], cwd=checkout, text=True,
-                              capture_output=True)  # fmt: skip
-        print(proc.stdout + proc.stderr, end="")
-        output += proc.stdout + proc.stderr
-        rc |= proc.returncode
-    return rc, ruff_failures(output)
+    procs = [
+        subprocess.run([*ruff, *args, *files], cwd=checkout, text=True, capture_output=True)
+        for args in (["check"], ["format", "--check"])
+    ]
+    output = "".join(proc.stdout + proc.stderr for proc in procs)
+    print(output, end="")
+    return max(proc.returncode for proc in procs), ruff_failures(output)
 
 
 def check_prefixes(
