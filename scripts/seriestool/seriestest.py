@@ -137,20 +137,19 @@ def check_prefixes(
         started = time.monotonic()
         checkout = scratch_root / folder
         shutil.rmtree(checkout, ignore_errors=True)
-        checkout.parent.mkdir(parents=True, exist_ok=True)
-        base_mod.clone(repo, checkout)
-        start = g.rev(checkout, "HEAD")
+        start = g.rev(base_mod.clone(repo, checkout), "HEAD")
+        prefix, full = label.startswith("prefix"), chosen == patches
         try:
             patchset.am(checkout, chosen)
         except SeriesError as e:
-            rows.append((label, "-", "does not apply", "-"))
             print(f"{label}: {e}")
-            failed.append(f"{label}: does not apply")
-            continue
-        prefix, full = label.startswith("prefix"), chosen == patches
-        if prefix and not patch_tests(checkout, chosen[-1]):
-            rows.append((label, "-", f"{chosen[-1].name} adds or changes no test", "-"))
-            failed.append(f"{label}: {chosen[-1].name} adds or changes no test")
+            problem = "does not apply"
+        else:
+            untested = prefix and not patch_tests(checkout, chosen[-1])
+            problem = f"{chosen[-1].name} adds or changes no test" if untested else ""
+        if problem:
+            rows.append((label, "-", problem, "-"))
+            failed.append(f"{label}: {problem}")
             continue
         tests = sorted({t for p in chosen for t in patch_tests(checkout, p)})
         if full or not prefix:
