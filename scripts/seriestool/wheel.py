@@ -68,6 +68,10 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
     recorded beside the wheel, and the cached wheel is checked against it at
     each use."""
     pattern = f"{project}-{version}-*.whl"
+    links = os.environ.get("PIP_FIND_LINKS")  # where pip looks, as its environment says
+    no_index = os.environ.get("PIP_NO_INDEX", "").strip().lower() in ("1", "true", "yes", "on")
+    index = "" if no_index else os.environ.get("PIP_INDEX_URL") or "PyPI"
+    sources = " and ".join(filter(None, [index, links])) or "no index"
     if found := sorted(cache.glob(pattern)):
         wheel, record = found[0], record_of(found[0])
         if not record.is_file():
@@ -79,7 +83,7 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
                                " recorded when it was downloaded: it is damaged")  # fmt: skip
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {project}=={version}'s wheel from {pip_sources()} into {cache} (once; a"
+    log(f"downloading {project}=={version}'s wheel from {sources} into {cache} (once; a"
         " few hundred MB)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="download-", dir=cache) as tmp:
         args = ["--only-binary=:all:", "--platform", PLATFORM, f"{project}=={version}"]
@@ -87,33 +91,21 @@ def released_wheel(project: str, version: str, cache: Path = CACHE_DIR, log=prin
         got = sorted(Path(tmp).glob(pattern))
         if rc != 0 or len(got) != 1:
             wanted = f"{project}-{version}-*-{PLATFORM}.whl"
-            links = os.environ.get("PIP_FIND_LINKS")
             if links:
                 hint = f"PIP_FIND_LINKS={links} holds no {wanted}: put it there"
-            elif no_index():
+            elif no_index:
                 hint = (f"PIP_NO_INDEX is set: pip reads only PIP_FIND_LINKS=<folder>, a folder"
                         f" with {wanted}")  # fmt: skip
             else:
                 hint = f"download {wanted} into {cache}"
             raise SeriesError(
-                f"pip found no {PLATFORM} wheel of {project}=={version} in {pip_sources()}:\n  "
+                f"pip found no {PLATFORM} wheel of {project}=={version} in {sources}:\n  "
                 + "\n  ".join(detail[-4:]) + f"\n{hint}, or name one with WHEEL=<path>"
             )  # fmt: skip
         dest = cache / got[0].name
         # The record first: a wheel without one is refused, a record alone is unused.
         record_of(dest).write_text(f"{base_mod.sha256_of(got[0])}  {dest.name}\n")
         return Path(shutil.move(str(got[0]), dest))
-
-
-def no_index() -> bool:
-    """Whether PIP_NO_INDEX keeps pip off every index (pip's reading of a flag)."""
-    return os.environ.get("PIP_NO_INDEX", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def pip_sources() -> str:
-    """Where pip looks for a download, as its environment says (PyPI unless set)."""
-    index = "" if no_index() else os.environ.get("PIP_INDEX_URL") or "PyPI"
-    return " and ".join(filter(None, [index, os.environ.get("PIP_FIND_LINKS")])) or "no index"
 
 
 def check_released(released: Path, project: str, version: str) -> None:
