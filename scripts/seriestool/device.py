@@ -270,10 +270,12 @@ def check_wheels(paths: Sequence[Path]) -> None:
 # --- the bundle --------------------------------------------------------------
 
 
-def build_bundle(manifest: manifest_mod.Manifest, out_dir: Path = BUNDLE_DIR, log=print) -> dict:
-    """Write the whole bundle into ``out_dir`` (replacing it); returns bundle.json."""
-    repo, commit, sha = base_mod.materialise_pinned(manifest, log=log)
-    wheels = fetch_wheels(log=log)
+def run(args: argparse.Namespace) -> int:
+    """Write the whole bundle into ``--out`` (replacing it), then say what it holds."""
+    manifest = manifest_mod.load()
+    out_dir = Path(args.out) if args.out else BUNDLE_DIR
+    repo, commit, sha = base_mod.materialise_pinned(manifest)
+    wheels = fetch_wheels()
     check_wheels(wheels)
 
     staging = out_dir.with_name(out_dir.name + ".new")
@@ -281,7 +283,7 @@ def build_bundle(manifest: manifest_mod.Manifest, out_dir: Path = BUNDLE_DIR, lo
     (staging / "wheels").mkdir(parents=True)
     for whl in wheels:
         shutil.copy2(whl, staging / "wheels" / whl.name)
-    trees = build_trees(repo, base_mod.BASE_BRANCH, manifest.patch_paths(), staging, log=log)
+    trees = build_trees(repo, base_mod.BASE_BRANCH, manifest.patch_paths(), staging)
     bundle = {
         "schema": 1,
         "series": {"name": manifest.name, "version": manifest.version},
@@ -307,12 +309,6 @@ def build_bundle(manifest: manifest_mod.Manifest, out_dir: Path = BUNDLE_DIR, lo
     (staging / "bundle.json").write_text(json.dumps(bundle, indent=1) + "\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
-    return bundle
-
-
-def run(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out) if args.out else BUNDLE_DIR
-    bundle = build_bundle(manifest_mod.load(), out_dir)
 
     def mib(path: Path) -> str:
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
