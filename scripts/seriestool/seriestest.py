@@ -5,7 +5,6 @@ output with ``failed step: <what>``, which ``rebase`` quotes.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import re
@@ -206,13 +205,9 @@ def group_plan(manifest: manifest_mod.Manifest) -> list[tuple[str, list[int] | N
     return plan
 
 
-def run(args: argparse.Namespace) -> int:
-    return check_prefixes(manifest_mod.load(), only_full=args.full_only)
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "test-series", help="every prefix and upstream group applies and passes its tests"
     )
     p.add_argument("--full-only", action="store_true", help="only the whole series")
-    p.set_defaults(func=run)
+    p.set_defaults(func=lambda args: check_prefixes(manifest_mod.load(), only_full=args.full_only))
