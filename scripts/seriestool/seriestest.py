@@ -77,17 +77,6 @@ def run_pytest(
     return proc.returncode, tail[0].strip("= "), pytest_failures(proc.stdout)
 
 
-def round_trip_differences(checkout: Path, start: str, patches: list[Path]) -> list[str]:
-    """Patch files that ``export`` of ``start..HEAD`` would not reproduce."""
-    with tempfile.TemporaryDirectory(prefix="round-trip-") as tmp:
-        try:
-            exported = export_mod.format_patches(checkout, start, "HEAD", Path(tmp))
-        except SeriesError as e:
-            return [str(e)]
-        again = {f.name: f.read_bytes() for f in exported}
-    return [p.name for p in patches if again.pop(p.name, None) != p.read_bytes()] + sorted(again)
-
-
 def run_ruff(checkout: Path, files: list[str]) -> tuple[int, list[str]]:
     """ruff check + format --check with the base's own configuration;
     (exit status, the files ruff reports)."""
@@ -163,7 +152,14 @@ def check_prefixes(
             failed.append(f"pytest on {label}: " + (", ".join(nodes) or summary))
         lint = "-"
         if full and prefix:
-            differ = round_trip_differences(checkout, start, patches)
+            with tempfile.TemporaryDirectory(prefix="round-trip-") as tmp:
+                try:  # the patch files that export of start..HEAD would not reproduce
+                    exported = export_mod.format_patches(checkout, start, "HEAD", Path(tmp))
+                    again = {f.name: f.read_bytes() for f in exported}
+                    differ = [p.name for p in patches if again.pop(p.name, None) != p.read_bytes()]
+                    differ += sorted(again)
+                except SeriesError as e:
+                    differ = [str(e)]
             print(f"\n=== apply/export round trip: {'ok' if not differ else 'DIFFERS'}")
             for line in differ:
                 print(f"  not reproduced by export: {line}")
