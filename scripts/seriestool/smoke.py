@@ -36,16 +36,15 @@ def smoke(manifest: manifest_mod.Manifest) -> int:
     chosen = pick(patches, files, nodes)
     rows = []
     for n, (patch, node) in enumerate(zip(patches, chosen, strict=True)):
-        shared = next((p.name[:4] for p, c in zip(patches, chosen[:n], strict=False) if c == node),
-                      None)  # fmt: skip
-        why = f" (shared with {shared}: the patch adds no test of its own)" if shared else ""
+        first = chosen.index(node)  # the first patch this test was chosen for
+        shared = f" (shared with {patches[first].name[:4]}: the patch adds no test of its own)"
+        why = shared if first < n else ""
         rows.append((patch.name[:48], (node or "no test collected") + why))
     print(table(("patch", "smoke test"), rows))
     if None in chosen:
         print(listing.stdout + listing.stderr)
         return 1
-    rc, summary, _failed = seriestest.run_pytest(checkout, sorted(set(chosen)), {})
-    return rc
+    return seriestest.run_pytest(checkout, sorted(set(chosen)), {})[0]
 
 
 def pick(patches, files: list[list[str]], nodes: dict[str, list[str]]) -> list[str | None]:
