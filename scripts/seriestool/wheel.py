@@ -138,14 +138,13 @@ def series_files(base_repo: Path, base_branch: str, patches: Sequence[Path]) -> 
     base_mod.WORK_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="wheel-", dir=base_mod.WORK_DIR) as tmp:
         checkout = base_mod.clone(base_repo, Path(tmp) / "series", branch=base_branch)
-        base_commit = g.rev(checkout, "HEAD")
         try:
             patchset.am(checkout, patches)
         except SeriesError as e:
             raise SeriesError(f"the series does not apply to the base: {e}") from None
         return {
             p: None if kind == "D" else g.blob(checkout, f"HEAD:{p}")
-            for p, kind in changed_files(checkout, base_commit).items()
+            for p, kind in changed_files(checkout, f"origin/{base_branch}").items()
             if p.startswith(PACKAGE)
         }
 
@@ -167,7 +166,6 @@ def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: 
     project, version, tags = released.name[: -len(".whl")].split("-", 2)
     check_released(released, project, version)
     new_version = local_version(version, series_version, patches)
-    base_commit = g.rev(base_repo, base_branch)
     series = series_files(base_repo, base_branch, patches)
     dest = out_dir / f"{project}-{new_version}-{tags}.whl"
     info_dir = f"{project}-{version}.dist-info/"
@@ -183,7 +181,7 @@ def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: 
             raise DamagedWheel(f"{released} has no {info_dir}RECORD: it is no wheel")
         for path in sorted(series):  # nothing is written before every file matches
             have = zin.read(path) if path in names else None
-            want = g.blob(base_repo, f"{base_commit}:{path}")
+            want = g.blob(base_repo, f"{base_branch}:{path}")
             if have != want:
                 how = ("is missing, unlike in" if have is None
                        else "is in it, not in" if want is None else "differs from")  # fmt: skip
