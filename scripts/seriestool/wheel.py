@@ -149,14 +149,6 @@ def series_files(base_repo: Path, base_branch: str, patches: Sequence[Path]) -> 
         }
 
 
-def set_version(metadata: bytes, version: str) -> bytes:
-    head, sep, body = metadata.partition(b"\n\n")
-    head, n = re.subn(rb"(?m)^Version: .*$", b"Version: " + version.encode(), head)
-    if n != 1:
-        raise SeriesError("the wheel's METADATA has no single Version field")
-    return head + sep + body
-
-
 def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: Path,
           series_version: str, out_dir: Path = OUT_DIR) -> Path:  # fmt: skip
     """Write the patched wheel, the released one with the series' files and the
@@ -202,8 +194,10 @@ def build(base_repo: Path, base_branch: str, patches: Sequence[Path], released: 
                 new = member(renames[old] + name[len(old) :] if old else name, info)
                 if name in series:
                     rows.append(write(zout, new, [series[name]]))
-                elif name == f"{info_dir}METADATA":
-                    rows.append(write(zout, new, [set_version(zin.read(name), new_version)]))
+                elif name == f"{info_dir}METADATA":  # check_released found its Version field
+                    head, sep, body = zin.read(name).partition(b"\n\n")
+                    head = re.sub(rb"(?m)^Version:.*$", f"Version: {new_version}".encode(), head)
+                    rows.append(write(zout, new, [head + sep + body]))
                 else:
                     with zin.open(info) as src:
                         rows.append(write(zout, new, iter(lambda: src.read(1 << 20), b"")))
