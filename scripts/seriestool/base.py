@@ -95,9 +95,8 @@ def unpack(sdist: Path, dest: Path) -> Path:
     """Unpack ``sdist`` under ``dest`` (tarfile's safe ``data`` filter); returns its
     single top-level folder."""
     try:
-        with tarfile.open(sdist) as tar:
-            tar.extractall(dest, filter="data")
-    except tarfile.TarError as e:
+        shutil.unpack_archive(sdist, dest, filter="data")
+    except (tarfile.TarError, shutil.ReadError) as e:
         raise SeriesError(f"cannot unpack {sdist.name} safely: {e}") from None
     tops = list(dest.iterdir())
     if len(tops) != 1 or not tops[0].is_dir():
