@@ -237,14 +237,12 @@ def fetch_wheels(
     for name, version in wheels:
         folder = cache / f"{normalise(name)}-{version}"
         have = sorted(folder.glob("*.whl"))
-        if len(have) != 1:
+        if len(have) != 1:  # none, or a failed download's leftovers: fetched again
             shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
             log(f"downloading {name}=={version} ...")
             rc, detail = base_mod.pip_download(folder, *binary, f"{name}=={version}")
             have = sorted(folder.glob("*.whl"))
             if rc != 0 or len(have) != 1:
-                shutil.rmtree(folder, ignore_errors=True)
                 detail = [line for line in detail if line.strip() and "is ignored" not in line]
                 raise SeriesError(
                     f"pip found no cp312 manylinux x86_64 wheel of {name}=={version}:\n  "

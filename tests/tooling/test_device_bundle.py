@@ -202,7 +202,9 @@ def test_wheel_pins_one_version_each_with_instanttensor(tmp_path, monkeypatch):
 
     def pip(cmd, **_kw):
         calls.append(cmd)
-        _fake_wheel(Path(cmd[cmd.index("-d") + 1]), "pydantic-2.14.4-py3-none-any.whl")
+        folder = Path(cmd[cmd.index("-d") + 1])
+        folder.mkdir(parents=True)  # as pip does
+        _fake_wheel(folder, "pydantic-2.14.4-py3-none-any.whl")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(interrupts, "run", pip)
