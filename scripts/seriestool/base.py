@@ -172,8 +172,7 @@ def materialise(
         _check_commit(commit, expected_commit, sdist)
         (tmp / "repo.git" / "series-sdist-sha256").write_text(digest + "\n")
         repo.parent.mkdir(parents=True, exist_ok=True)
-        if repo.exists():  # an incomplete earlier attempt without the stamp
-            shutil.rmtree(repo)
+        shutil.rmtree(repo, ignore_errors=True)  # an incomplete earlier attempt without the stamp
         (tmp / "repo.git").rename(repo)
         # Keep the verified sdist: the device bundle packs trees from it.
         (WORK_DIR / "sdist").mkdir(exist_ok=True)
