@@ -108,9 +108,8 @@ def import_tree(tree: Path, repo: Path, message: str) -> str:
     """Record ``tree`` as one commit on ``base`` in bare ``repo``; returns it.  Every
     file, as it is: ``info/attributes`` (ahead of the sdist's ``.gitattributes``)
     turns off every conversion, and ``add --force`` takes what ``.gitignore`` names."""
-    g.git(tree.parent, "init", "-q", "--bare", str(repo))
-    attributes = "* -text -ident -filter -working-tree-encoding\n"
-    (repo / "info" / "attributes").write_text(attributes)
+    g.git(tree.parent, "init", "-q", "--bare", f"--initial-branch={BASE_BRANCH}", str(repo))
+    (repo / "info" / "attributes").write_text("* -text -ident -filter -working-tree-encoding\n")
     gd = [f"--git-dir={repo}", f"--work-tree={tree}"]
     index = {"GIT_INDEX_FILE": str(repo / "import-index")}
     g.git(tree, *gd, "add", "--all", "--force", ".", env=index)
@@ -118,7 +117,6 @@ def import_tree(tree: Path, repo: Path, message: str) -> str:
     (repo / "import-index").unlink()
     commit = g.out(tree, *gd, "commit-tree", tree_id, "-m", message, env=BASE_IDENTITY)
     g.git(tree, *gd, "update-ref", f"refs/heads/{BASE_BRANCH}", commit)
-    g.git(tree, *gd, "symbolic-ref", "HEAD", f"refs/heads/{BASE_BRANCH}")
     return commit
 
 
