@@ -65,6 +65,7 @@ NEGATIVE_CONTROLS: tuple[str, ...] = (
 
 # Fixed metadata for archive members: the archives depend on content only.
 ARCHIVE_MTIME = 946684800  # 2000-01-01T00:00:00Z
+XZ_PRESET = 6
 
 
 # --- trees -----------------------------------------------------------------
@@ -98,7 +99,7 @@ def write_archive(root: Path, paths: Iterable[str], dest: Path) -> int:
         info.mode = 0o755 if info.mode & 0o100 else 0o644
         return info
 
-    with tarfile.open(tmp, "w:xz", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(tmp, "w:xz", preset=XZ_PRESET, format=tarfile.PAX_FORMAT) as tar:
         for rel in paths:
             tar.add(root / rel, arcname=rel, recursive=False, filter=fixed)
     tmp.replace(dest)
