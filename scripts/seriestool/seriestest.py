@@ -25,8 +25,7 @@ from .report import table
 
 
 def is_test_file(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return path.startswith("tests/") and name.startswith("test_") and name.endswith(".py")
+    return re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", path) is not None
 
 
 def patch_tests(checkout: Path, patch: Path) -> list[str]:
