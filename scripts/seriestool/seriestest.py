@@ -39,18 +39,6 @@ def patch_tests(checkout: Path, patch: Path) -> list[str]:
 FAILED_STEP = "failed step: "
 
 
-def pytest_failures(output: str) -> list[str]:
-    """Node ids of the tests pytest's short summary (``-rfE``) reports failed or in error."""
-    return list(dict.fromkeys(re.findall(r"(?m)^(?:FAILED|ERROR) (.+?)(?: - .*)?[ \t]*$", output)))
-
-
-def ruff_failures(output: str) -> list[str]:
-    """Files ``ruff check`` (any output format) or ``ruff format --check`` reports."""
-    pattern = r"(?:\s*-->\s*)?([^\s:][^:]*\.pyi?):\d+:\d+|Would reformat: (.+)$"
-    found = [re.match(pattern, line) for line in output.splitlines()]
-    return list(dict.fromkeys(m[1] or m[2] for m in found if m))
-
-
 def pytest_command(checkout: Path, *args: str) -> tuple[list[str], dict[str, str]]:
     """(command, environment) of pytest on CPU in the vLLM tree ``checkout``; its
     processes start with ``scripts/cpu_site/sitecustomize.py`` (docs/testing.md)."""
@@ -73,7 +61,8 @@ def run_pytest(
     echo = functools.partial(print, end="", flush=True)
     proc = interrupts.run(cmd, cwd=checkout, env=env, text=True, echo=echo)
     tail = [line for line in proc.stdout.splitlines() if line.strip()][-1:] or ["(no output)"]
-    return proc.returncode, tail[0].strip("= "), pytest_failures(proc.stdout)
+    failed = re.findall(r"(?m)^(?:FAILED|ERROR) (.+?)(?: - .*)?[ \t]*$", proc.stdout)  # -rfE
+    return proc.returncode, tail[0].strip("= "), list(dict.fromkeys(failed))
 
 
 def run_ruff(checkout: Path, files: list[str]) -> tuple[int, list[str]]:
@@ -86,7 +75,10 @@ def run_ruff(checkout: Path, files: list[str]) -> tuple[int, list[str]]:
     ]
     output = "".join(proc.stdout + proc.stderr for proc in procs)
     print(output, end="")
-    return max(proc.returncode for proc in procs), ruff_failures(output)
+    # The files ruff check (any output format) and ruff format --check report.
+    pattern = r"(?:\s*-->\s*)?([^\s:][^:]*\.pyi?):\d+:\d+|Would reformat: (.+)$"
+    found = [m[1] or m[2] for line in output.splitlines() if (m := re.match(pattern, line))]
+    return max(proc.returncode for proc in procs), list(dict.fromkeys(found))
 
 
 def check_prefixes(
