@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import io
 import json
@@ -1087,7 +1086,7 @@ def _uses_of_dropped(sess: Session, scratch: Path, new_tip: str) -> list[str]:
 def _new_manifest(sess: Session, files: list[Path], log: Log) -> manifest_mod.Manifest:
     """The old manifest, its base the target and its patches the rebased ones
     (``previous`` kept, less entries of patches that were dropped)."""
-    manifest = copy.deepcopy(_old_manifest(sess))
+    manifest = _old_manifest(sess)  # a fresh load: changed freely
     t = sess.target
     manifest.base = manifest_mod.Base(
         project=manifest.base.project,
