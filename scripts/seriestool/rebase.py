@@ -362,9 +362,8 @@ def start(
         for item in [*sorted(patch_dir.glob("*.patch")), patch_dir / MANIFEST]:
             shutil.copyfile(item, sess.old_patch_dir / item.name)
         _prepare(sess, manifest, user, new_commit, log)
-        if _apply_remaining(sess, log):
-            return _finish(sess, log, guard)
-        _stopped(sess, log)
+        _apply_remaining(sess, log)
+        return _finish(sess, log, guard)
     except BaseException:
         _on_error(sess, log)
         raise
@@ -511,8 +510,8 @@ def _history_range(
     return None
 
 
-def _apply_remaining(sess: Session, log: Log) -> bool:
-    """Apply patches from ``sess.next`` on; False when stopped at a conflict."""
+def _apply_remaining(sess: Session, log: Log) -> None:
+    """Apply patches from ``sess.next`` on; ``_stopped`` at a conflict."""
     checkout, scratch = Path(sess.checkout), Path(sess.scratch)
     images = patchset.images([sess.old_patch_dir / p.file for p in sess.patches])
     for i in range(sess.next, len(sess.patches)):
@@ -544,7 +543,7 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
             sess.conflict = "\n".join([f"patch: {entry.file}", *why])
             sess.am_kept = g.operation_in_progress(checkout) == "git am"
             log(f"{entry.file}: conflict")
-            return False
+            _stopped(sess, log)
         head = g.out(checkout, "rev-parse", "HEAD")
         disagree = placement.check(checkout, sess.pre_head, head, images[i], ours="the new base")
         if disagree:
@@ -554,32 +553,30 @@ def _apply_remaining(sess: Session, log: Log) -> bool:
             if sess.keep:
                 _leave_placement_conflict(sess, checkout, patch, images[i])
                 sess.am_kept = g.operation_in_progress(checkout) == "git am"
-            return False
+            _stopped(sess, log)
         if head == sess.pre_head:
             entry.status = DROPPED_ABSORBED
             entry.how = "no change after 3-way merge: upstream has it"
         else:
             entry.status, entry.how = APPLIED, "clean" if plain else "3-way merge"
         log(f"{entry.file}: {entry.status} ({entry.how})")
-        if not _own_tests_pass(sess, entry, log):
-            return False
+        _own_tests(sess, entry, log)
     sess.next = len(sess.patches)
     sess.conflict = ""
     sess.save()
-    return True
 
 
-def _own_tests_pass(sess: Session, entry: PatchStatus, log: Log) -> bool:
+def _own_tests(sess: Session, entry: PatchStatus, log: Log) -> None:
     """With ``--keep-conflict`` (and the tests on), the tests an applied patch adds
-    or changes, run on the new base with it; False (the rebase stops there, the
-    patch's commit open to amend) when they fail."""
+    or changes, run on the new base with it; ``_stopped`` there (the patch's
+    commit open to amend) when they fail."""
     if not (sess.keep and not sess.skip_tests and entry.status == APPLIED):
-        return True
+        return
     checkout = Path(sess.checkout)
     tests = seriestest.patch_tests(checkout, sess.old_patch_dir / entry.file)
     if not tests:
         entry.tests = "none"
-        return True
+        return
     # No __pycache__ left in the checkout: its untracked files stay as they were.
     quiet = mock.patch.dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     with quiet, contextlib.redirect_stdout(io.StringIO()):
@@ -588,13 +585,13 @@ def _own_tests_pass(sess: Session, entry: PatchStatus, log: Log) -> bool:
         )
     if rc == 0:
         entry.tests = "passed"
-        return True
+        return
     entry.status, entry.tests = TESTS_FAILED, f"FAILED: {', '.join(nodes) or summary}"
     sess.conflict = "\n".join(
         [f"patch: {entry.file}", f"tests: {entry.tests}", f"ran: pytest {' '.join(tests)}"]
     )
     log(f"{entry.file}: its tests fail on the new base")
-    return False
+    _stopped(sess, log)
 
 
 def _leave_placement_conflict(
@@ -777,14 +774,12 @@ def resume(
         entry = sess.patches[sess.next] if sess.next < len(sess.patches) else None
         if entry is not None and entry.status in (CONFLICT, TESTS_FAILED):
             _finish_conflicted_patch(sess, log)
-            if not _own_tests_pass(sess, entry, log):
-                _stopped(sess, log)
+            _own_tests(sess, entry, log)
             sess.next += 1
             sess.save()
-        if _apply_remaining(sess, log):
-            force_command = None if force else hints.make("rebase", CONTINUE="1", FORCE="1")
-            return _finish(sess, log, guard, force_command)
-        _stopped(sess, log)
+        _apply_remaining(sess, log)
+        force_command = None if force else hints.make("rebase", CONTINUE="1", FORCE="1")
+        return _finish(sess, log, guard, force_command)
     except BaseException:
         current = Session.load()
         if current is not None and current.phase == "running":
