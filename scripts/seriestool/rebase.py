@@ -365,7 +365,11 @@ def start(
         _apply_remaining(sess, log)
         return _finish(sess, log, guard)
     except BaseException:
-        _on_error(sess, log)
+        # Undone, unless it stopped for manual resolution (--continue / --abort).
+        current = Session.load()
+        kept = current is not None and current.keep and current.phase in ("conflict", "applied")
+        if not kept or interrupts.pending() is not None:
+            _discard(sess, log)
         raise
 
 
@@ -674,16 +678,6 @@ def _stopped(sess: Session, log: Log) -> NoReturn:
 
 
 @interrupts.shielded()
-def _on_error(sess: Session, log: Log) -> None:
-    """Undo what a failed start did, unless it stopped for manual resolution."""
-    current = Session.load()
-    kept = current is not None and current.keep and current.phase in ("conflict", "applied")
-    if kept and interrupts.pending() is None:
-        return  # kept on purpose for --continue / --abort
-    _discard(sess, log)
-
-
-@interrupts.shielded()
 def _discard(sess: Session, log: Log, force_command: str | None = None) -> None:
     """Abort any am, restore the user's checkout, remove scratch work and state
     (``force_command``: first refuse, changing nothing, when the checkout
@@ -770,9 +764,15 @@ def resume(
     sess.skip_tests = sess.skip_tests or skip_tests
     sess.save()
     try:
-        _undo_cut_patch(sess, log)
         entry = sess.patches[sess.next] if sess.next < len(sess.patches) else None
-        if entry is not None and entry.status in (CONFLICT, TESTS_FAILED):
+        checkout = Path(sess.checkout)
+        if entry is not None and entry.status == PENDING:  # an interrupted run's, cut short
+            if g.operation_in_progress(checkout) == "git am":
+                g.git(checkout, "am", "--abort")
+            if g.rev(checkout, "HEAD") != sess.pre_head:
+                g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
+                log(f"{entry.file}: applying it again (an interrupted run left it)")
+        elif entry is not None and entry.status in (CONFLICT, TESTS_FAILED):
             _finish_conflicted_patch(sess, log)
             _own_tests(sess, entry, log)
             sess.next += 1
@@ -786,19 +786,6 @@ def resume(
             current.phase = "conflict" if current.next < len(current.patches) else "applied"
             current.save()
         raise
-
-
-def _undo_cut_patch(sess: Session, log: Log) -> None:
-    """Take out what an interrupted run left of the patch it was applying
-    (never a patch stopped at a conflict): ``_apply_remaining`` applies it again."""
-    checkout = Path(sess.checkout)
-    if sess.next >= len(sess.patches) or sess.patches[sess.next].status != PENDING:
-        return
-    if g.operation_in_progress(checkout) == "git am":
-        g.git(checkout, "am", "--abort")
-    if g.rev(checkout, "HEAD") != sess.pre_head:
-        g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
-        log(f"{sess.patches[sess.next].file}: applying it again (an interrupted run left it)")
 
 
 def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
