@@ -123,23 +123,18 @@ def shielded() -> Iterator[None]:
 
 
 def run(cmd, echo: Callable[[str], None] | None = None, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run`` whose child also receives a deferred signal.  With
-    ``echo`` (and ``text=True``), each line of its output, stderr included, is
-    passed to ``echo`` as it comes, and returned as ``stdout``."""
+    """``subprocess.run``, its output captured, whose child also receives a
+    deferred signal.  With ``echo`` (and ``text=True``), each line of its output,
+    stderr included, is passed to ``echo`` as it comes, and returned as ``stdout``."""
     global _child
     check()
-    capture = kwargs.pop("capture_output", False)
-    if capture or echo:
-        kwargs.setdefault("stdout", subprocess.PIPE)
-        kwargs.setdefault("stderr", subprocess.STDOUT if echo else subprocess.PIPE)
-    input_ = kwargs.pop("input", None)
-    if input_ is not None:
-        kwargs["stdin"] = subprocess.PIPE
-    with subprocess.Popen(cmd, **kwargs) as proc:
+    kwargs.pop("capture_output", None)  # every caller captures: always done
+    stderr = subprocess.STDOUT if echo else subprocess.PIPE
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, **kwargs) as proc:
         _child = proc
         try:
             streamed = [echo(line) or line for line in proc.stdout] if echo else []
-            stdout, stderr = proc.communicate(input_)
+            stdout, stderr = proc.communicate()
         finally:
             _child = None
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(streamed) or stdout, stderr)
