@@ -8,7 +8,6 @@ import contextlib
 import functools
 import signal
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -61,9 +60,6 @@ def deferred() -> Iterator[Guard]:
     ``completed()``)."""
     global _depth
     guard = Guard()
-    if threading.current_thread() is not threading.main_thread():
-        yield guard  # signal handlers belong to the main thread
-        return
     previous = {}
     if _depth == 0:
         _pending.clear()
