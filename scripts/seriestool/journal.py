@@ -232,11 +232,18 @@ class Transaction:
         """The change stands: drop the journal."""
         shutil.rmtree(self.dir)
 
-    def refuse_foreign_changes(self, force_command: str) -> None:
-        """Refuse, naming ``force_command``, when a rollback would undo more than
-        the change's own work."""
-        found = self.foreign_changes()
-        if found:
+    def foreign_changes(self, force_command: str | None = None) -> list[str]:
+        """What changed since the journal that its change could not have made
+        (empty: a rollback undoes the change's own work and nothing else); with
+        ``force_command``, any is refused, naming that command."""
+        with tempfile.TemporaryDirectory(prefix="seriestool-journal-") as tmp:
+            found = (
+                self._foreign_head_and_refs()
+                + self._foreign_config(Path(tmp))
+                + self._foreign_index()
+                + self._foreign_files(self._changed_files(Path(tmp)))
+            )
+        if found and force_command:
             op = self.journal.op
             raise SeriesError(
                 f"{self.repo} changed since the interrupted {op} in ways that {op} could not"
@@ -245,17 +252,7 @@ class Transaction:
                 " yourself and run the command again, or restore anyway, losing them, with:"
                 f"\n    {force_command}"
             )
-
-    def foreign_changes(self) -> list[str]:
-        """What changed since the journal that its change could not have made
-        (empty: a rollback undoes the change's own work and nothing else)."""
-        with tempfile.TemporaryDirectory(prefix="seriestool-journal-") as tmp:
-            return (
-                self._foreign_head_and_refs()
-                + self._foreign_config(Path(tmp))
-                + self._foreign_index()
-                + self._foreign_files(self._changed_files(Path(tmp)))
-            )
+        return found
 
     def _foreign_head_and_refs(self) -> list[str]:
         j, scope, op = self.journal, self.journal.scope, self.journal.op
@@ -368,7 +365,7 @@ class Transaction:
     @interrupts.shielded()
     def rollback(self, keep_refs=()) -> list[str]:
         """Put the checkout back as journaled, whatever changed since (see
-        ``refuse_foreign_changes``); returns notes on anything left.  ``keep_refs``:
+        ``foreign_changes``); returns notes on anything left.  ``keep_refs``:
         refs the change made that stay (a branch holding a finished rebase)."""
         j, repo, gdir = self.journal, self.repo, self.git_dir
         for name in _GIT_LEFTOVERS:

@@ -703,7 +703,7 @@ def _restore_checkout(sess: Session, log: Log, force_command: str | None, keep=(
     tx = journal.Transaction.load(checkout) if checkout.exists() else None
     if tx is not None:
         if force_command:
-            tx.refuse_foreign_changes(force_command)
+            tx.foreign_changes(force_command)
         for note in tx.rollback(keep_refs=keep):
             log(note)
     return checkout

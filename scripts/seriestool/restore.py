@@ -28,11 +28,7 @@ def restore(repo: Path, force: bool = False, log=print) -> int:
                 f"    {hints.make('rebase', ABORT='1')}"
             )
         op = tx.journal.op
-        if force:
-            undone = tx.foreign_changes()
-        else:
-            tx.refuse_foreign_changes(journal.restore_command(tx.repo, force=True))
-            undone = []
+        undone = tx.foreign_changes(None if force else journal.restore_command(tx.repo, True))
         notes = tx.rollback()
     log(f"restored {tx.repo} as it was before the interrupted {op}")
     if undone:
