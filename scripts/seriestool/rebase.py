@@ -186,14 +186,10 @@ def state_path() -> Path:
     return base_mod.WORK_DIR / "rebase" / "state.json"
 
 
-def _siblings(patch_dir: Path) -> tuple[Path, Path, Path]:
+def _siblings(patch_dir: Path) -> tuple[Path, ...]:
     """The swap's (partial, new, old) folders next to ``patch_dir``."""
-    name = patch_dir.name
-    return (
-        patch_dir.with_name(f"{name}.rebase-new.partial"),
-        patch_dir.with_name(f"{name}.rebase-new"),
-        patch_dir.with_name(f"{name}.rebase-old"),
-    )
+    suffixes = (".rebase-new.partial", ".rebase-new", ".rebase-old")
+    return tuple(patch_dir.with_name(patch_dir.name + suffix) for suffix in suffixes)
 
 
 def recover_swap(patch_dir: Path, log: Log = print) -> None:
