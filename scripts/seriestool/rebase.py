@@ -924,7 +924,19 @@ def _finish(
         )
     for entry, f in zip(applied, files, strict=True):
         entry.new_file = f.name
-    manifest = _new_manifest(sess, files, log)
+    # The old manifest, its base the target and its patches the rebased ones
+    # (``previous`` kept, less entries of patches that were dropped).
+    manifest = _old_manifest(sess)
+    t = sess.target
+    manifest.base = manifest_mod.Base(
+        project=manifest.base.project,
+        version=t["version"],
+        upstream_commit=t["upstream_commit"],
+        sdist=manifest_mod.Sdist(t["sdist_filename"], t["sha256"]),
+        commit=sess.new_base,
+        touched_files={},
+    )
+    manifest = export_mod.refresh_manifest(manifest, scratch, sess.new_base, files, log)
     manifest.save(sess.staging / MANIFEST)
     check_manifest.refuse(
         manifest, sess.staging, "the exported series fails its own manifest check", ""
@@ -1059,22 +1071,6 @@ def _uses_of_dropped(sess: Session, scratch: Path, new_tip: str) -> list[str]:
                     found.append(f"patch {later.new_file[:4]} uses {name} from dropped"
                                  f" patch {gone.file[:4]}")  # fmt: skip
     return found
-
-
-def _new_manifest(sess: Session, files: list[Path], log: Log) -> manifest_mod.Manifest:
-    """The old manifest, its base the target and its patches the rebased ones
-    (``previous`` kept, less entries of patches that were dropped)."""
-    manifest = _old_manifest(sess)  # a fresh load: changed freely
-    t = sess.target
-    manifest.base = manifest_mod.Base(
-        project=manifest.base.project,
-        version=t["version"],
-        upstream_commit=t["upstream_commit"],
-        sdist=manifest_mod.Sdist(t["sdist_filename"], t["sha256"]),
-        commit=sess.new_base,
-        touched_files={},
-    )
-    return export_mod.refresh_manifest(manifest, Path(sess.scratch), sess.new_base, files, log)
 
 
 class _Tee(io.StringIO):
