@@ -431,7 +431,13 @@ def _prepare(
         )
         scratch_mod.add_alternate(scratch, repo)
         g.git(scratch, "update-ref", "refs/series/old-base", sess.old_base)
-    sess.history_range = _history_range(scratch, manifest, sess.old_base, new_commit)
+    # ``old..new`` of upstream history, when both bases share it (else None:
+    # bases imported from sdists are unrelated root commits).
+    for old in [g.rev(scratch, ref) for ref in (mb.upstream_commit, sess.old_base) if ref]:
+        merge_base = g.git(scratch, "merge-base", old, new_commit, check=False) if old else None
+        if old != new_commit and merge_base and merge_base.returncode == 0:
+            sess.history_range = f"{old}..{new_commit}"
+            break
     sess.save()
 
     # The old series on the old base: the left side of the range-diff.
@@ -494,20 +500,6 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
     switch(
         checkout, "rebase", head, new_commit, ref, scope, created, log, before, hint=hint, keep=True
     )
-
-
-def _history_range(
-    scratch: Path, manifest: manifest_mod.Manifest, old_base: str, new_base: str
-) -> str | None:
-    """``old..new`` of upstream history, when both bases share it (else None:
-    bases imported from sdists are unrelated root commits)."""
-    for ref in (manifest.base.upstream_commit, old_base):
-        old = g.rev(scratch, ref) if ref else None
-        if not old or old == new_base:
-            continue
-        if g.git(scratch, "merge-base", old, new_base, check=False).returncode == 0:
-            return f"{old}..{new_base}"
-    return None
 
 
 def _apply_remaining(sess: Session, log: Log) -> None:
