@@ -4,7 +4,6 @@ else (docs/checkout-safety.md).  Runs with the system Python alone.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from . import git as g
@@ -39,10 +38,6 @@ def restore(repo: Path, force: bool = False, log=print) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    return restore(Path(args.vllm) if args.vllm else default_checkout(), args.force)
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser("restore", help="undo what an interrupted apply left in a checkout")
     p.add_argument(
@@ -56,4 +51,4 @@ def register(subparsers) -> None:
         help="roll back also when the checkout changed since in ways the interrupted"
         " command could not have made, undoing those changes (FORCE=1)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=lambda a: restore(Path(a.vllm) if a.vllm else default_checkout(), a.force))
