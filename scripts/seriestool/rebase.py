@@ -1051,11 +1051,8 @@ def _uses_of_dropped(sess: Session, scratch: Path, new_tip: str) -> list[str]:
         for later in sess.patches[i + 1 :]:
             if later.status != APPLIED or not later.new_file:
                 continue
-            added = "\n".join(
-                line for line in (sess.staging / later.new_file).read_text(
-                    encoding="utf-8", errors="replace").splitlines()
-                if line.startswith("+") and not line.startswith("+++")
-            )  # fmt: skip
+            diff = (sess.staging / later.new_file).read_text(encoding="utf-8", errors="replace")
+            added = "\n".join(re.findall(r"^\+(?!\+\+).*", diff, re.M))  # not "+++ b/..."
             for name in sorted(n for n in names if re.search(rf"\b{re.escape(n)}\b", added)):
                 pattern = rf"^\s*(def|class)\s+{name}\b|^{name}\s*(:[^=]*)?="
                 if g.git(scratch, "grep", "-q", "-E", "-e", pattern, new_tip, "--", "*.py",
