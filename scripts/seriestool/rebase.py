@@ -532,20 +532,16 @@ def _apply_remaining(sess: Session, log: Log) -> None:
         except SeriesError as e:
             entry.status = CONFLICT
             why = patchset.failure_lines(checkout, f"{check.stderr}\n{e}", "the new base")
-            sess.conflict = "\n".join([f"patch: {entry.file}", *why])
-            sess.am_kept = g.operation_in_progress(checkout) == "git am"
             log(f"{entry.file}: conflict")
-            _stopped(sess, log)
+            _stopped(sess, log, why)
         head = g.out(checkout, "rev-parse", "HEAD")
         disagree = placement.check(checkout, sess.pre_head, head, images[i], ours="the new base")
         if disagree:
             entry.status = CONFLICT
-            sess.conflict = "\n".join([f"patch: {entry.file}", *disagree])
             log(f"{entry.file}: conflict (git am and the 3-way merge disagree)")
             if sess.keep:
                 _leave_placement_conflict(sess, checkout, patch, images[i])
-                sess.am_kept = g.operation_in_progress(checkout) == "git am"
-            _stopped(sess, log)
+            _stopped(sess, log, disagree)
         if head == sess.pre_head:
             entry.status = DROPPED_ABSORBED
             entry.how = "no change after 3-way merge: upstream has it"
@@ -579,11 +575,8 @@ def _own_tests(sess: Session, entry: PatchStatus, log: Log) -> None:
         entry.tests = "passed"
         return
     entry.status, entry.tests = TESTS_FAILED, f"FAILED: {', '.join(nodes) or summary}"
-    sess.conflict = "\n".join(
-        [f"patch: {entry.file}", f"tests: {entry.tests}", f"ran: pytest {' '.join(tests)}"]
-    )
     log(f"{entry.file}: its tests fail on the new base")
-    _stopped(sess, log)
+    _stopped(sess, log, [f"tests: {entry.tests}", f"ran: pytest {' '.join(tests)}"])
 
 
 def _leave_placement_conflict(
@@ -616,11 +609,13 @@ def _leave_placement_conflict(
         g.git(checkout, "update-index", "--index-info", input="\n".join(index_info) + "\n")
 
 
-def _stopped(sess: Session, log: Log) -> NoReturn:
-    """A patch conflicted, or failed its tests: keep the session
+def _stopped(sess: Session, log: Log, why: list[str]) -> NoReturn:
+    """A patch conflicted, or failed its tests (``why``): keep the session
     (``--keep-conflict``) or give up; raises what stopped it and what to do next."""
     folder = Path(sess.patch_dir).name
     entry = sess.patches[sess.next]
+    sess.conflict = "\n".join([f"patch: {entry.file}", *why])
+    sess.am_kept = g.operation_in_progress(Path(sess.checkout)) == "git am"
     verb, then = "conflicts with", f"then run\n    {_CONTINUE}\nor give up with\n    {_ABORT}\n"
     # What was resolved before this patch is dropped by --abort alone.
     resolved = sess.keep and any(p.how == RESOLVED or p.status in DROPPED[1:]
