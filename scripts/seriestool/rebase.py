@@ -472,9 +472,12 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
     switches it, its journal kept for the session; refused, changing nothing,
     when a file of the user's is where the new base or a patch puts one."""
     head = g.out(checkout, "rev-parse", "--verify", "HEAD")
-    added = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", "--diff-filter=A",
-                  head, new_commit).split("\0")  # fmt: skip
-    added = [p for p in added if p]
+    # What the session may write: the files that differ at the new base, and
+    # the patches' files, with whatever content `git am` and a resolution give.
+    diff = g.out(checkout, "diff", "--name-status", "--no-renames", "-z", head, new_commit)
+    fields = diff.split("\0")[:-1]  # status, path, status, path...
+    moved = dict(zip(fields[1::2], fields[::2], strict=True))
+    added = [path for path, status in moved.items() if status == "A"]
     created: dict[str, set[str]] = {
         path: {blob} for path, blob in g.blob_ids(checkout, new_commit, added).items() if blob
     }
@@ -485,13 +488,9 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
                 created.setdefault(path, set()).add(post[1])
     at_head = g.tree_entries(checkout, head, sorted(created))
     created = {path: blobs for path, blobs in created.items() if path not in at_head}
-    # What the session may write: the files that differ at the new base, and
-    # the patches' files, with whatever content `git am` and a resolution give.
-    moved = g.out(checkout, "diff", "--name-only", "--no-renames", "-z", head,
-                  new_commit).split("\0")  # fmt: skip
     ref = f"refs/heads/{branch}"
     scope = journal.Scope(
-        paths=dict.fromkeys([p for p in moved if p] + [p for ps in touched for p in ps]),
+        paths=dict.fromkeys([*moved, *(p for ps in touched for p in ps)]),
         refs={ref: None},
         am=True,
     )
