@@ -28,7 +28,6 @@ class Interrupted(SeriesError):
     def __init__(self, signum: int):
         name = signal.Signals(signum).name
         super().__init__(f"interrupted by {name}", exit_code=128 + signum)
-        self.signum = signum
 
 
 def _record(signum, _frame) -> None:
