@@ -18,7 +18,6 @@ T = TypeVar("T")
 
 _pending: list[int] = []
 _shield_depth = 0
-_depth = 0
 _child: subprocess.Popen | None = None
 
 
@@ -56,32 +55,26 @@ class Guard:
 def deferred() -> Iterator[Guard]:
     """Record signals instead of dying; raise ``Interrupted`` at safe points and,
     on leaving, for a signal still pending (unless the block raised or was
-    ``completed()``)."""
-    global _depth
+    ``completed()``).  One per command: no command runs another's."""
+    global _shield_depth
     guard = Guard()
-    previous = {}
-    if _depth == 0:
-        _pending.clear()
-        previous = {s: signal.signal(s, _record) for s in SIGNALS}
-    _depth += 1
+    _pending.clear()
+    previous = {s: signal.signal(s, _record) for s in SIGNALS}
     try:
         yield guard
-        if _depth == 1 and not guard.done:
+        if not guard.done:
             check()
     except SeriesError as e:
         # A program that died of the same Ctrl-C (pip, pytest) is not the news.
-        if _pending and _depth == 1 and not isinstance(e, Interrupted):
+        if _pending and not isinstance(e, Interrupted):
             raise Interrupted(_pending[0]) from e
         raise
     finally:
-        global _shield_depth
         guard.held.close()
         if guard.done:
             _shield_depth -= 1
-        _depth -= 1
-        if _depth == 0:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def deferring(func: Callable[..., T]) -> Callable[..., T]:
