@@ -228,16 +228,10 @@ def swap_in(staging: Path, patch_dir: Path) -> None:
     """Replace ``patch_dir``'s patches and manifest with ``staging``'s (its
     other files are carried over)."""
     partial, new, old = _siblings(patch_dir)
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir()
-    for item in sorted(patch_dir.iterdir()):
-        if item.suffix == ".patch" or item.name == MANIFEST:
-            continue
-        if item.is_dir():
-            shutil.copytree(item, partial / item.name, symlinks=True)
-        else:
-            shutil.copy2(item, partial / item.name, follow_symlinks=False)
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(patch_dir, partial, symlinks=True)
+    for item in [*partial.glob("*.patch"), partial / MANIFEST]:
+        item.unlink(missing_ok=True)
     for item in sorted(staging.iterdir()):
         shutil.copyfile(item, partial / item.name)
     for item in partial.iterdir():
