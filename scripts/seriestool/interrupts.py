@@ -35,20 +35,18 @@ def _record(signum, _frame) -> None:
         _child.send_signal(signum)
 
 
-class Guard:
-    """Handed out by ``deferred()``: ``completed()`` marks the point after
-    which the command's work stands (a signal then no longer undoes it);
-    ``held`` keeps context managers (a checkout's lock) until the block ends."""
+class Guard(contextlib.ExitStack):
+    """Handed out by ``deferred()``, holding context managers (a checkout's lock)
+    until the block ends; ``completed()`` marks the point after which the
+    command's work stands (a signal then no longer undoes it)."""
 
-    def __init__(self) -> None:
-        self.done = False
-        self.held = contextlib.ExitStack()
+    done = False
 
     def completed(self) -> None:
-        global _shield_depth
         if not self.done:
             self.done = True
-            _shield_depth += 1  # until the block ends: reports and cleanup run to the end
+            # Until the block ends: reports and cleanup run to the end.
+            self.enter_context(shielded())
 
 
 @contextlib.contextmanager
@@ -56,7 +54,6 @@ def deferred() -> Iterator[Guard]:
     """Record signals instead of dying; raise ``Interrupted`` at safe points and,
     on leaving, for a signal still pending (unless the block raised or was
     ``completed()``).  One per command: no command runs another's."""
-    global _shield_depth
     guard = Guard()
     _pending.clear()
     previous = {s: signal.signal(s, _record) for s in SIGNALS}
@@ -70,9 +67,7 @@ def deferred() -> Iterator[Guard]:
             raise Interrupted(_pending[0]) from e
         raise
     finally:
-        guard.held.close()
-        if guard.done:
-            _shield_depth -= 1
+        guard.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
 

@@ -323,7 +323,7 @@ def start(
     keep_in_user = keep_conflict and user is not None
     branch = f"{manifest.name}/v{manifest.version}-rebase-onto-{slug}"
     if keep_in_user:
-        guard.held.enter_context(journal.locked(user))
+        guard.enter_context(journal.locked(user))
         refuse_unsafe_state(user)
         branch = _free_branch(user, branch)
 
@@ -769,7 +769,7 @@ def _open_session(guard: interrupts.Guard, log: Log) -> Session | None:
     had completed (a killed run's swap of ``patches/`` is finished here)."""
     sess = Session.load()
     if sess is not None and sess.user_checkout:
-        guard.held.enter_context(journal.locked(Path(sess.user_checkout)))
+        guard.enter_context(journal.locked(Path(sess.user_checkout)))
         sess = Session.load()  # as a run that held the lock until now left it
     if sess is None:
         raise SeriesError("no rebase is in progress; start one with make rebase TO=<a version>")
