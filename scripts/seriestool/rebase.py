@@ -41,7 +41,6 @@ from .report import table
 Log = Callable[[str], object]
 
 VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)+(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)$")
-_INDEX_LINE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})", re.MULTILINE)
 # git am stops before committing when this hook fails: how a placement
 # disagreement is left for resolution with --keep-conflict.
 _STOP_HOOK = "#!/bin/sh\nexit 1\n"
@@ -244,20 +243,6 @@ def swap_in(staging: Path, patch_dir: Path) -> None:
     shutil.rmtree(old)
 
 
-def _copy_preimage_blobs(src: Path, dst: Path, patches: Sequence[Path]) -> None:
-    """Copy into ``dst`` (as unreferenced objects) the blobs the patches' ``index``
-    lines name: ``git am --3way`` and the placement check need them, and a
-    checkout of another upstream revision may lack them."""
-    wanted = set()
-    for patch in patches:
-        for m in _INDEX_LINE.finditer(patch.read_text(encoding="utf-8", errors="replace")):
-            wanted.update(m.groups())
-    for oid in sorted(wanted - {_NULL_OID}):
-        data = g.blob(src, oid)
-        if not g.has_object(dst, oid) and data is not None:  # else am names what it lacks
-            g.git(dst, "hash-object", "-w", "--no-filters", "--stdin", input=data, text=False)
-
-
 @interrupts.deferring
 def start(
     to: str,
@@ -454,17 +439,21 @@ def _prepare(
         if sess.kind == "version":  # the sdist's base, as `make apply`'s refusal fetches it
             g.git(checkout, "fetch", "-q", "--no-tags", "--no-write-fetch-head", str(new_repo),
                   base_mod.BASE_BRANCH)  # fmt: skip
-        _switch_user_checkout(checkout, sess.branch, new_commit, old_patches, log)
-        _copy_preimage_blobs(scratch, checkout, old_patches)
+        _switch_user_checkout(checkout, sess.branch, new_commit, old_patches, scratch, log)
     sess.save()
     log(f"rebasing {len(sess.patches)} patches from {mb.project} {mb.version} onto"
         f" {sess.target['version']} ({new_commit[:12]}) in {checkout}")  # fmt: skip
 
 
-def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches, log) -> None:
+def _switch_user_checkout(
+    checkout: Path, branch: str, new_commit: str, patches, scratch: Path, log
+) -> None:
     """Put the user's checkout on a new ``branch`` at ``new_commit``, as ``apply``
     switches it, its journal kept for the session; refused, changing nothing,
-    when a file of the user's is where the new base or a patch puts one."""
+    when a file of the user's is where the new base or a patch puts one.  The
+    blobs the patches' ``index`` lines name are copied in from ``scratch``:
+    ``git am --3way`` and the placement check need them, and a checkout of
+    another upstream revision may lack them."""
     head = g.out(checkout, "rev-parse", "--verify", "HEAD")
     # What the session may write: the files that differ at the new base, and
     # the patches' files, with whatever content `git am` and a resolution give.
@@ -493,6 +482,11 @@ def _switch_user_checkout(checkout: Path, branch: str, new_commit: str, patches,
     switch(
         checkout, "rebase", head, new_commit, ref, scope, created, log, before, hint=hint, keep=True
     )
+    blobs = {side[1] for image in images for pair in image.values() for side in pair if side}
+    for oid in sorted(blobs):
+        data = g.blob(scratch, oid)
+        if not g.has_object(checkout, oid) and data is not None:  # else am names what it lacks
+            g.git(checkout, "hash-object", "-w", "--no-filters", "--stdin", input=data, text=False)
 
 
 def _apply_remaining(sess: Session, log: Log) -> None:
