@@ -41,9 +41,6 @@ from .report import table
 Log = Callable[[str], object]
 
 VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)+(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)$")
-# git am stops before committing when this hook fails: how a placement
-# disagreement is left for resolution with --keep-conflict.
-_STOP_HOOK = "#!/bin/sh\nexit 1\n"
 _NULL_OID = "0" * 40
 
 APPLIED = "applied"
@@ -575,7 +572,7 @@ def _leave_placement_conflict(
     g.git(checkout, "reset", "-q", "--hard", sess.pre_head)
     hooks = sess.work_dir / "stop-hook"
     hooks.mkdir(parents=True, exist_ok=True)
-    (hooks / "pre-applypatch").write_text(_STOP_HOOK)
+    (hooks / "pre-applypatch").write_text("#!/bin/sh\nexit 1\n")
     (hooks / "pre-applypatch").chmod(0o755)
     with contextlib.suppress(SeriesError):  # it stops: that is the point
         patchset.am(checkout, [patch], env=g.user_identity(checkout), hooks=hooks)
