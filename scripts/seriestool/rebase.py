@@ -228,8 +228,7 @@ def swap_in(staging: Path, patch_dir: Path) -> None:
     shutil.copytree(patch_dir, partial, symlinks=True)
     for item in [*partial.glob("*.patch"), partial / MANIFEST]:
         item.unlink(missing_ok=True)
-    for item in sorted(staging.iterdir()):
-        shutil.copyfile(item, partial / item.name)
+    shutil.copytree(staging, partial, dirs_exist_ok=True)
     for item in partial.iterdir():
         if item.is_file():
             with item.open("rb") as f:
