@@ -16,7 +16,6 @@ import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
-from unittest import mock
 
 from . import base as base_mod
 from . import (
@@ -548,9 +547,7 @@ def _own_tests(sess: Session, entry: PatchStatus, log: Log) -> None:
     if not tests:
         entry.tests = "none"
         return
-    # No __pycache__ left in the checkout: its untracked files stay as they were.
-    quiet = mock.patch.dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    with quiet, contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()):
         rc, summary, nodes = seriestest.run_pytest(
             checkout, tests, _old_manifest(sess).regression_tests.deselect
         )

@@ -41,10 +41,13 @@ FAILED_STEP = "failed step: "
 
 def pytest_command(checkout: Path, *args: str) -> tuple[list[str], dict[str, str]]:
     """(command, environment) of pytest on CPU in the vLLM tree ``checkout``; its
-    processes start with ``scripts/cpu_site/sitecustomize.py`` (docs/testing.md)."""
+    processes start with ``scripts/cpu_site/sitecustomize.py`` (docs/testing.md)
+    and leave no ``__pycache__`` in it (its untracked files stay as they were)."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
     path = os.pathsep.join([str(checkout), str(Path(__file__).parents[1] / "cpu_site")])
-    return cmd, dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=path)
+    return cmd, dict(
+        os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=path, PYTHONDONTWRITEBYTECODE="1"
+    )
 
 
 def run_pytest(
