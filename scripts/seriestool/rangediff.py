@@ -17,7 +17,7 @@ from . import git as g
 # four spaces; headers carry at most width-1 spaces of padding.
 _PAIR_HEADER = re.compile(
     r"^ {0,3}(?P<lno>\d+|-+):\s+(?P<lsha>[0-9a-f]+|-+) (?P<st>[=!<>]) "
-    r"\s*(?P<rno>\d+|-+):\s+(?P<rsha>[0-9a-f]+|-+)(?: (?P<subject>.*))?$"
+    r"\s*(?P<rno>\d+|-+):\s+(?P<rsha>[0-9a-f]+|-+)(?: .*)?$"
 )
 
 
@@ -31,8 +31,7 @@ class Pair:
     left_sha: str | None
     right: int | None
     right_sha: str | None
-    subject: str
-    body: str
+    body: str = ""
 
 
 def parse(text: str) -> list[Pair]:
@@ -42,29 +41,16 @@ def parse(text: str) -> list[Pair]:
     for line in text.splitlines():
         match = None if line.startswith("    ") else _PAIR_HEADER.match(line)
         if match:
-            bodies.append([])
-            pairs.append(
-                Pair(
-                    status=match["st"],
-                    left=_number(match["lno"]),
-                    left_sha=_number(match["lsha"], sha=True),
-                    right=_number(match["rno"]),
-                    right_sha=_number(match["rsha"], sha=True),
-                    subject=match["subject"] or "",
-                    body="",
-                )
+            lno, lsha, rno, rsha = (
+                None if v.startswith("-") else v for v in match.group("lno", "lsha", "rno", "rsha")
             )
+            pairs.append(Pair(match["st"], lno and int(lno), lsha, rno and int(rno), rsha))
+            bodies.append([])
         elif pairs:
             bodies[-1].append(line)
     for pair, body in zip(pairs, bodies, strict=True):
         pair.body = "\n".join(body)
     return pairs
-
-
-def _number(text: str, sha: bool = False):
-    if text.startswith("-"):
-        return None
-    return text if sha else int(text)
 
 
 def range_diff(
