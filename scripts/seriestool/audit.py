@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import bisect
 import dataclasses
 import json
 import shlex
@@ -322,18 +321,14 @@ def _pair_with_range_diff(m: _Match, cons: str, creation_factor: int | None) -> 
     """Pair still-missing patches with unclaimed commits by ``git range-diff`` of
     both histories on the series paths (docs/audit.md)."""
     scratch, base, unclaimed = m.scratch, m.base, m.unclaimed
-    tips = [m.series_commits[-1], cons]
-    text = rangediff.range_diff(scratch, base, tips[0], base, tips[1], creation_factor,
+    text = rangediff.range_diff(scratch, base, m.series_commits[-1], base, cons, creation_factor,
                                 m.pathspecs)  # fmt: skip
-    left, right = (
-        sorted(g.out(scratch, "rev-list", "--no-merges", f"{base}..{tip}").split()) for tip in tips
-    )
-
     series_index = {c: i for i, c in enumerate(m.series_commits)}
     for pair in rangediff.parse(text):
         if pair.status not in "=!":
             continue
-        lold, rold = _by_prefix(left, pair.left_sha), _by_prefix(right, pair.right_sha)
+        # The headers' abbreviated ids: an ambiguous one resolves to None.
+        lold, rold = g.rev(scratch, pair.left_sha), g.rev(scratch, pair.right_sha)
         if lold not in series_index or rold not in unclaimed:
             continue
         result = m.results[series_index[lold]]
@@ -344,15 +339,6 @@ def _pair_with_range_diff(m: _Match, cons: str, creation_factor: int | None) -> 
         result.range_diff = pair.body
         same = "IDs differ; range-diff shows no difference"
         result.note = "range-diff below" if pair.body.strip() else same
-
-
-def _by_prefix(commits: list[str], prefix: str | None) -> str | None:
-    """The one commit of sorted ``commits`` that ``prefix`` abbreviates, else None."""
-    if prefix is None:
-        return None
-    i = bisect.bisect_left(commits, prefix)
-    found = [c for c in commits[i : i + 2] if c.startswith(prefix)]
-    return found[0] if len(found) == 1 else None
 
 
 def _end_state(scratch: Path, series_tip: str, cons: str, paths: list[str]) -> list[FileState]:
