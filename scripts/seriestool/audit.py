@@ -231,9 +231,20 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
     if unclaimed and any(r.status == MISSING for r in results):
         _pair_with_range_diff(m, cons, creation_factor)
 
+    # Subject and series paths of each extra commit, in range order: one `git log`.
     extras = [c for c in cons_order if c in unclaimed]
-    info = _commit_info(scratch, extras, pathspecs) if extras else {}
-    extra = [ExtraCommit(commit=c, subject=info[c][0], paths=info[c][1]) for c in extras]
+    extra = []
+    if extras:
+        raw = g.out(
+            scratch, "log", "--no-walk=unsorted", "--stdin", "--no-color", "--format=%x01%H%x00%s",
+            "--name-only", "--no-renames", "-z", "--", *pathspecs,
+            input="".join(f"{c}\n" for c in extras),
+        )  # fmt: skip
+        for chunk in raw.split("\x01")[1:]:
+            commit, subject, *names = chunk.split("\0")
+            extra.append(
+                ExtraCommit(commit, subject, [n.lstrip("\n") for n in names if n.strip("\n")])
+            )
     return extra, _end_state(scratch, series_tip, cons, paths)
 
 
@@ -424,28 +435,6 @@ def _refuse_unplaceable(
             " lacks the blobs a 3-way merge would place the series with:\n  "
             + "\n  ".join(lacking) + "\n" + advice
         )  # fmt: skip
-
-
-def _commit_info(
-    repo: Path, commits: list[str], pathspecs: list[str]
-) -> dict[str, tuple[str, list[str]]]:
-    """Subject and series paths touched of each of ``commits``: one ``git log``."""
-    raw = g.out(
-        repo, "log", "--no-walk=unsorted", "--stdin", "--no-color", "--format=%x01%H %s",
-        "--name-only", "--no-renames", "-z", "--", *pathspecs,
-        input="".join(f"{c}\n" for c in commits),
-    )  # fmt: skip
-    info: dict[str, tuple[str, list[str]]] = {}
-    current: list[str] | None = None
-    for token in raw.split("\0"):
-        token = token.lstrip("\n")
-        if token.startswith("\x01"):
-            commit, _, subject = token[1:].partition(" ")
-            current = []
-            info[commit] = (subject, current)
-        elif token and current is not None:
-            current.append(token)
-    return info
 
 
 def _apply_accepts(report: Report, repo: Path) -> None:
