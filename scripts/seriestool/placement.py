@@ -4,6 +4,7 @@ Its result is compared with ``git merge-file`` of target, preimage, postimage.
 
 from __future__ import annotations
 
+import itertools
 import re
 import tempfile
 from pathlib import Path
@@ -87,16 +88,13 @@ def _where(
 ) -> str:
     """Which hunk landed elsewhere: the patch's hunk header, and the line of
     ``ours`` that git am changed and the line the 3-way merge changes."""
-    merged_oid = g.git(repo, "hash-object", "-w", "--stdin", input=merged, text=False).stdout
-    merged_oid = merged_oid.decode().strip()
+    merged_oid = g.out(repo, "hash-object", "-w", "--stdin", input=merged)
     by_am = _changes(repo, target, applied) if applied else []
     by_merge = _changes(repo, target, merged_oid)
     own = _changes(repo, pre, post)
     first = next(
-        (i for i in range(max(len(by_am), len(by_merge)))
-         if i >= len(by_am) or i >= len(by_merge) or by_am[i] != by_merge[i]),
-        0,
-    )  # fmt: skip
+        (i for i, (a, m) in enumerate(itertools.zip_longest(by_am, by_merge)) if a != m), 0
+    )
     header = "?"
     if first < len(own):
         start = own[first][0]
