@@ -16,13 +16,7 @@ from .patchset import Image
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$", re.MULTILINE)
 
 
-def check(
-    repo: Path,
-    before: str,
-    after: str,
-    image: Image,
-    ours: str = "the target",
-) -> list[str]:
+def check(repo: Path, before: str, after: str, image: Image, ours: str) -> list[str]:
     """One line per file where ``after`` (``git am``'s result on ``before``, named
     ``ours`` in the messages) is not what ``image`` gives; empty: agreed."""
     paths = sorted(image)
