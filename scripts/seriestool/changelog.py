@@ -121,8 +121,10 @@ def _describe(kind: str, change, comparison) -> str:
     if kind == TEST_ONLY:
         return f"test only: {', '.join(change.test_paths)}{_subject_note(change, also=True)}"
     if kind == CONTRACT_CHANGED:
-        docs = [p for p in change.code_paths if is_doc(p)]
-        code = [p for p in change.code_paths if not is_doc(p)]
+        docs = [
+            p for p in change.code_paths if p.startswith("docs/") or p.endswith((".md", ".rst"))
+        ]
+        code = [p for p in change.code_paths if p not in docs]
         parts = [
             f"{what} in {', '.join(paths)}"
             for what, paths in (
@@ -136,11 +138,6 @@ def _describe(kind: str, change, comparison) -> str:
     if kind == CONTEXT_ONLY:
         return "context only: the same change, the lines around it moved"
     return kind
-
-
-def is_doc(path: str) -> bool:
-    """Documentation: under ``docs/``, or a Markdown or reStructuredText file."""
-    return path.startswith("docs/") or path.endswith((".md", ".rst"))
 
 
 def recorded_pieces(changes: Sequence, ancestor) -> list:
