@@ -16,19 +16,6 @@ from . import changelog, hints, interrupts, patchset, rangediff, versions
 from . import git as g
 from . import manifest as manifest_mod
 from . import scratch as scratch_mod
-from .changelog import (
-    CONTEXT_ONLY,
-    CONTRACT_CHANGED,
-    DROPPED,
-    MERGED,
-    NEW,
-    REORDERED,
-    REWORDED,
-    REWRITTEN,
-    SPLIT,
-    TEST_ONLY,
-    UNCHANGED,
-)
 from .errors import SeriesError
 from .report import table
 
@@ -457,26 +444,26 @@ def _find_splits(scratch: Path, changes: list[Change]) -> None:
 
 def _kinds(change: Change) -> list[str]:
     if change.pieces:
-        return [SPLIT]
+        return [changelog.SPLIT]
     if change.status == "<":
-        return [MERGED] if change.merged_into else [DROPPED]
+        return [changelog.MERGED] if change.merged_into else [changelog.DROPPED]
     if change.status == ">":
-        return [NEW]
-    kinds = [REWRITTEN] if change.paired_by == "manifest" else []
+        return [changelog.NEW]
+    kinds = [changelog.REWRITTEN] if change.paired_by == "manifest" else []
     if change.status == "!":
         if change.code_paths:
-            kinds.append(CONTRACT_CHANGED)
+            kinds.append(changelog.CONTRACT_CHANGED)
         elif change.test_paths:
-            kinds.append(TEST_ONLY)
+            kinds.append(changelog.TEST_ONLY)
         elif change.message_changed or change.author_changed:
-            kinds.append(REWORDED)
+            kinds.append(changelog.REWORDED)
         else:
-            kinds.append(CONTEXT_ONLY)
+            kinds.append(changelog.CONTEXT_ONLY)
     if change.derivations:
-        kinds.append(MERGED)
+        kinds.append(changelog.MERGED)
     if change.moved:
-        kinds.append(REORDERED)
-    return kinds or [UNCHANGED]
+        kinds.append(changelog.REORDERED)
+    return kinds or [changelog.UNCHANGED]
 
 
 def _summary(changes: Sequence[Change]) -> collections.Counter[str]:
