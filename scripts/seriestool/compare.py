@@ -364,7 +364,11 @@ def _compare_pair(scratch: Path, change: Change) -> None:
     """Which files' changes differ (without context lines), and the message."""
     o, n = change.old, change.new
     assert o is not None and n is not None
-    paths = sorted(set(_paths_of(scratch, o.commit)) | set(_paths_of(scratch, n.commit)))
+    # The paths either commit changes (both sides of a rename).
+    commits = f"{o.commit}\n{n.commit}\n"
+    raw = g.out(scratch, "diff-tree", "--stdin", "-r", "-z", "--name-only", "--no-commit-id",
+                "--no-renames", input=commits)  # fmt: skip
+    paths = sorted({p for p in raw.split("\0") if p})
     differ = []
     for path in paths:
         ids = patchset.patch_ids_of_commits(scratch, [o.commit, n.commit],
@@ -379,13 +383,6 @@ def _compare_pair(scratch: Path, change: Change) -> None:
     new_author, new_body = message[n.commit].split("\0", 1)
     change.author_changed = old_author != new_author
     change.message_changed = old_body != new_body
-
-
-def _paths_of(scratch: Path, commit: str) -> list[str]:
-    """Paths ``commit`` changes (both sides of a rename)."""
-    raw = g.out(scratch, "diff-tree", "--no-commit-id", "--name-only", "-r", "-z",
-                "--no-renames", commit)  # fmt: skip
-    return [p for p in raw.split("\0") if p]
 
 
 def _added_text(scratch: Path, commit: str) -> collections.Counter[str]:
@@ -472,7 +469,13 @@ def _summary(changes: Sequence[Change]) -> collections.Counter[str]:
 
 def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
     old, new = comparison.old, comparison.new
-    lines = [f"Series {old.state.label} -> {new.state.label}", _bases_line(old, new)]
+    b_old, b_new = (
+        f"{b.project} {b.version} ({(s.base or b.commit)[:12]})"
+        for s in (old, new)
+        for b in [s.manifest.base]
+    )
+    bases = f"{b_new} on both sides" if b_old == b_new else f"{b_old} -> {b_new}"
+    lines = [f"Series {old.state.label} -> {new.state.label}", f"Base: {bases}"]
     summary = ", ".join(f"{n} {kind}" for kind, n in sorted(_summary(comparison.changes).items()))
     lines.append(f"{len(old.patches)} patches -> {len(new.patches)} patches: {summary or '-'}")
     lines += [f"note: {note}" for note in comparison.notes]
@@ -518,16 +521,6 @@ def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
         lines += ["Draft for SERIES.md (what git shows; edit it, and add the why):", "",
                   changelog.draft(comparison).rstrip("\n")]  # fmt: skip
     return "\n".join(lines)
-
-
-def _bases_line(old: Side, new: Side) -> str:
-    def describe(side: Side) -> str:
-        b = side.manifest.base
-        return f"{b.project} {b.version} ({(side.base or b.commit)[:12]})"
-
-    if describe(old) == describe(new):
-        return f"Base: {describe(new)} on both sides"
-    return f"Base: {describe(old)} -> {describe(new)}"
 
 
 def run(args: argparse.Namespace) -> int:
