@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import shlex
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -176,8 +175,7 @@ def audit(
     if paths:
         # `:(literal)`: series paths are file names, never glob patterns.
         pathspecs = [f":(literal){p}" for p in paths]
-        with tempfile.TemporaryDirectory(prefix="seriestool-audit-") as tmp:
-            scratch = scratch_mod.make_checkout(repo, Path(tmp) / "scratch", base, paths)
+        with scratch_mod.checkout(repo, base, paths) as scratch:
             # One pipeline over the whole consolidated range; commits touching
             # no series path are skipped by git itself.
             cons_ids = patchset.commit_patch_ids(scratch, f"{base}..{cons}", pathspecs)
