@@ -52,7 +52,6 @@ def make_pr(repo: Path, manifest: manifest_mod.Manifest, name: str,
             )
         base = export_mod.resolve_base(repo, manifest, None, manifest.branch_name)
         entries = manifest_mod.group_patches(manifest, name)
-        own = {manifest_mod.normalise(s) for s in groups[name].patches}
         files = [patch_dir / p.file for p in entries]
         images = patchset.images(files)
         identity = g.user_identity(repo)
@@ -62,7 +61,7 @@ def make_pr(repo: Path, manifest: manifest_mod.Manifest, name: str,
             patchset.am(work, manifest.patch_paths(patch_dir))
             g.git(work, "reset", "-q", "--hard", base)
             commits = scratch.apply_patches(work, files, images, f"{base[:12]}", identity)
-            text = describe(work, manifest, name, entries, own, commits, files)
+            text = describe(work, groups[name], entries, commits, files)
             if signoff:
                 author = {"GIT_AUTHOR_NAME": identity["GIT_COMMITTER_NAME"],
                           "GIT_AUTHOR_EMAIL": identity["GIT_COMMITTER_EMAIL"]}  # fmt: skip
@@ -99,8 +98,9 @@ def make_pr(repo: Path, manifest: manifest_mod.Manifest, name: str,
     return out
 
 
-def describe(work: Path, manifest, name: str, entries, own: set[str], commits, files) -> str:
+def describe(work: Path, group: manifest_mod.Group, entries, commits, files) -> str:
     """The pull request's description in vLLM's template, from the commit messages."""
+    own = {manifest_mod.normalise(s) for s in group.patches}
     purpose, plan, result, deps = [], [], [], []
     for entry, commit, patch in zip(entries, commits, files, strict=True):
         if manifest_mod.normalise(entry.subject) not in own:
@@ -113,7 +113,6 @@ def describe(work: Path, manifest, name: str, entries, own: set[str], commits, f
         purpose += [f"### {entry.subject}", "", *body[:cut]]
         result += [f"### {entry.subject}", "", *body[cut:], ""]
         plan += [t for t in patchset.files_touched(work, patch) if seriestest.is_test_file(t)]
-    group = next(group for group in manifest.groups if group.name == name)
     if group.depends:
         purpose[:0] = [
             f"Depends on the pull requests of {', '.join(group.depends)}, whose commits come"
