@@ -24,26 +24,14 @@ def section(lines: list[str], title: str) -> tuple[int, int] | None:
     return start, end
 
 
-def _rewrite_rows(lines: list[str], title: str, rows_for) -> None:
-    """Replace the ``| NNNN | `value` |...`` rows of a section with ``rows_for(old rows)``."""
+def _rewrite_rows(lines: list[str], title: str, manifest: manifest_mod.Manifest, row) -> None:
+    """Replace the ``| NNNN | `value` |...`` rows of a section with one per patch:
+    ``| NNNN | row(patch, old rest of the row by normalised value)``."""
     span = section(lines, title)
-    if span is None:
-        return
-    start, end = span
-    at = [i for i in range(start, end) if ROW.match(lines[i])]
-    if not at:
-        return
-    old = [ROW.match(lines[i]).groups() for i in at]
-    lines[at[0] : at[-1] + 1] = rows_for(old)
-
-
-def _order_rows(manifest: manifest_mod.Manifest, old: list[tuple[str, str, str]]) -> list[str]:
-    concern = {manifest_mod.normalise(subject): rest for _n, subject, rest in old}
-    rows = []
-    for entry in manifest.patches:
-        rest = concern.get(manifest_mod.normalise(entry.subject), " TODO: its concern |")
-        rows.append(f"| {entry.file[:4]} | `{entry.subject}` |{rest}")
-    return rows
+    at = [i for i in range(*span) if ROW.match(lines[i])] if span else []
+    if at:
+        old = {manifest_mod.normalise(m[2]): m[3] for i in at if (m := ROW.match(lines[i]))}
+        lines[at[0] : at[-1] + 1] = [f"| {p.file[:4]} | {row(p, old)}" for p in manifest.patches]
 
 
 def _base_value(key: str, value: str, base: manifest_mod.Base) -> str:
@@ -66,10 +54,14 @@ def _base_value(key: str, value: str, base: manifest_mod.Base) -> str:
 def render(text: str, manifest: manifest_mod.Manifest) -> str:
     """``text`` (SERIES.md) with the manifest's facts written into it."""
     lines = text.split("\n")
-    _rewrite_rows(lines, "Order and why", lambda old: _order_rows(manifest, old))
-    _rewrite_rows(lines, "Stable patch IDs", lambda _old: [
-        f"| {p.file[:4]} | `{p.patch_id}` |" for p in manifest.patches
-    ])  # fmt: skip
+
+    def order(p, old):
+        return f"`{p.subject}` |" + old.get(
+            manifest_mod.normalise(p.subject), " TODO: its concern |"
+        )
+
+    _rewrite_rows(lines, "Order and why", manifest, order)
+    _rewrite_rows(lines, "Stable patch IDs", manifest, lambda p, _old: f"`{p.patch_id}` |")
     span = section(lines, "Base")
     for i in range(*span) if span else ():
         if match := _BASEROW.match(lines[i]):
