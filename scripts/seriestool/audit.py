@@ -105,13 +105,10 @@ class Report:
         ]
         return found
 
-    @property
-    def ok(self) -> bool:
-        return not self.failures()
-
     def to_dict(self) -> dict:
+        failures = self.failures()
         return {
-            "ok": self.ok,
+            "ok": not failures,
             "repo": self.repo,
             "base": self.base,
             "consolidated": {"ref": self.consolidated_ref, "commit": self.consolidated},
@@ -124,7 +121,7 @@ class Report:
                 "files": [dict(dataclasses.asdict(f), equal=f.equal) for f in self.files],
             },
             "accepted": [dataclasses.asdict(a) for a in self.accepts],
-            "failures": self.failures(),
+            "failures": failures,
             "seconds": round(self.seconds, 3),
         }
 
@@ -598,7 +595,7 @@ def run(args: argparse.Namespace) -> int:
     except SeriesError as e:
         raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else _render_text(report))
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    return EXIT_FINDINGS if report.failures() else EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> Report:
