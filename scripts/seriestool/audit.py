@@ -212,14 +212,9 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
     unclaimed = m.unclaimed
 
     # identical: the same verbatim patch ID, each commit used once.
-    by_id: dict[str, list[str]] = {}
-    for commit, pid in cons_ids:
-        by_id.setdefault(pid, []).append(commit)
     for result in results:
-        candidates = [c for c in by_id.get(result.patch_id or "", []) if c in unclaimed]
-        if result.patch_id and candidates:
-            result.status, result.commits = IDENTICAL, [candidates[0]]
-            del unclaimed[candidates[0]]
+        if commit := _claim(unclaimed, result.patch_id):
+            result.status, result.commits = IDENTICAL, [commit]
 
     _find_combined(m)
     _find_split(m)
@@ -261,19 +256,12 @@ def _find_combined(m: _Match) -> None:
     """Mark runs of consecutive unmatched patches squashed into one commit (docs/audit.md),
     longest runs first, so a squash of three is not reported as two."""
     results, unclaimed, series_commits = m.results, m.unclaimed, m.series_commits
-    if not unclaimed:
-        return
     unmatched = [i for i, r in enumerate(results) if r.status == MISSING and r.patch_id]
-    runs: list[list[int]] = []
-    for i in unmatched:
-        if runs and runs[-1][-1] == i - 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
+    # (first, last) of every stretch of two or more consecutive unmatched patches.
     spans = [
-        (run[a], run[b]) for run in runs for a in range(len(run)) for b in range(a + 1, len(run))
+        (a, b) for a in unmatched for b in unmatched if a < b and set(range(a, b)) <= set(unmatched)
     ]
-    if not spans:
+    if not spans or not unclaimed:
         return
     ids = _span_ids(m, {(a, b): (series_commits[b], series_commits[a - 1] if a else m.base)
                         for a, b in spans})  # fmt: skip
@@ -281,16 +269,21 @@ def _find_combined(m: _Match) -> None:
         members = results[first : last + 1]
         if any(r.status != MISSING for r in members):
             continue
-        pid = ids.get((first, last))
-        candidates = [c for c, cid in unclaimed.items() if pid and cid == pid]
-        if not candidates:
+        commit = _claim(unclaimed, ids.get((first, last)))
+        if not commit:
             continue
-        commit = candidates[0]
-        del unclaimed[commit]
         names = [r.file.split("-", 1)[0] for r in members]
         for r in members:
             r.status, r.commits = COMBINED, [commit]
             r.note = "squashed with " + ", ".join(n for n in names if not r.file.startswith(n))
+
+
+def _claim(unclaimed: dict[str, str], patch_id: str | None) -> str | None:
+    """Remove and return the first unclaimed commit whose patch ID is ``patch_id``."""
+    commit = next((c for c, pid in unclaimed.items() if patch_id and pid == patch_id), None)
+    if commit:
+        del unclaimed[commit]
+    return commit
 
 
 def _find_split(m: _Match) -> None:
