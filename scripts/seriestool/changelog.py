@@ -101,8 +101,6 @@ def _describe(kind: str, change, comparison) -> str:
         return f"split from v{ov} {donor.tag} `{donor.subject}` into {tags}"
     if kind == REWRITTEN:
         return f"rewritten from v{ov} {old.tag} `{old.subject}`"
-    if kind == MERGED and change.new is None:
-        return f"merged into {change.merged_into.tag} (recorded)"
     if kind == MERGED:
         return "; ".join(
             f"also from v{ov} {d.old.tag} `{d.old.subject}` (recorded)" for d in change.derivations
