@@ -59,7 +59,6 @@ def _line(change, comparison) -> str:
     ov = comparison.old.state.version
     old, new = change.old, change.new
     if new is None:
-        assert old is not None
         head = f"- v{ov} {old.tag} `{old.subject}`"
     else:
         head = f"- {new.tag} `{new.subject}`"

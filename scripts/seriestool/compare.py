@@ -209,7 +209,6 @@ def compare(
 
         # range-diff of the two applied ranges; an empty side is an empty range.
         old_base, new_base = old.base or new.base, new.base or old.base
-        assert old_base is not None and new_base is not None
         old_tip = old.patches[-1].commit if old.patches else old_base
         new_tip = new.patches[-1].commit if new.patches else new_base
         text = rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
@@ -314,7 +313,6 @@ def _pair_recorded(scratch: Path, old: Side, new: Side, changes: list[Change]) -
         by_subject[norm(p.subject)].append(p)
     unpaired_old = {c.old.number: c for c in changes if c.status == "<" and c.old}
     for change in sorted((c for c in changes if c.new), key=lambda c: c.new.number):
-        assert change.new is not None
         for subject in entries.get(norm(change.new.subject), []):
             if not by_subject.get(subject):
                 notes.append(
@@ -363,7 +361,6 @@ def _mark_moved(changes: list[Change]) -> None:
 def _compare_pair(scratch: Path, change: Change) -> None:
     """Which files' changes differ (without context lines), and the message."""
     o, n = change.old, change.new
-    assert o is not None and n is not None
     # The paths either commit changes (both sides of a rename).
     commits = f"{o.commit}\n{n.commit}\n"
     raw = g.out(scratch, "diff-tree", "--stdin", "-r", "-z", "--name-only", "--no-commit-id",
@@ -414,7 +411,6 @@ def _find_splits(scratch: Path, changes: list[Change]) -> None:
         return
     donor_lines = {p.number: _added_text(scratch, p.commit) for p in donors}
     for change in added:
-        assert change.new is not None
         lines = _added_text(scratch, change.new.commit)
         total = sum(len(text) * n for text, n in lines.items())
         best, best_share = None, 0.0
@@ -501,10 +497,8 @@ def _render_text(comparison: Comparison, draft_path: Path | None) -> str:
     ):
         for c in by_new:
             if c.paired_by == paired_by:
-                assert c.old is not None and c.new is not None
                 lines += ["", f"{heading}: v{ov} {c.old.tag} -> v{nv} {c.new.tag}", c.range_diff]
     for c in by_new:
-        assert c.new is not None
         for d in c.derivations:
             if c.old is not None:  # a further ancestor of a paired patch
                 how, why = "merged", f"v{nv} {c.new.tag} is paired with v{ov} {c.old.tag}"
