@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import base as base_mod
@@ -30,8 +31,6 @@ SPLIT_SHARE = 0.6
 # both unpaired is this percentage of their sizes, and their diff is never
 # larger than the two together.
 _FORCE_PAIR = 1000
-
-Log = Callable[[str], object]
 
 
 @dataclasses.dataclass
@@ -154,13 +153,7 @@ class Comparison:
         }
 
 
-def compare(
-    repo: Path,
-    from_spec: str,
-    to_spec: str | None = None,
-    vllm: Path | None = None,
-    log: Log = lambda line: print(line, file=sys.stderr),
-) -> Comparison:
+def compare(repo: Path, from_spec: str, to_spec: str | None, vllm: Path | None) -> Comparison:
     """Compare the series at ``from_spec`` with ``to_spec`` (None: the working tree)."""
     if not g.is_repo(Path(repo)):
         raise SeriesError(f"{repo} is not a git checkout: --repo must name the series repository")
@@ -186,7 +179,7 @@ def compare(
             base: str | None = None
             commits: list[str] = []
             if files:  # an empty series needs no base
-                source, base = _base_commit(state, manifest, vllm, log)
+                source, base = _base_commit(state, manifest, vllm)
                 if scratch is None:
                     scratch = scratch_mod.make_checkout(source, tmp / "scratch", base, paths)
                 else:
@@ -231,12 +224,7 @@ def compare(
         return Comparison(old, new, text, changes, notes)
 
 
-def _base_commit(
-    state: versions.SeriesVersion,
-    manifest: manifest_mod.Manifest,
-    vllm: Path | None,
-    log: Log,
-) -> tuple[Path, str]:
+def _base_commit(state: versions.SeriesVersion, manifest, vllm: Path | None) -> tuple[Path, str]:
     """The repository holding the manifest's base commit (``vllm`` when it has
     it, else the base materialised from the pinned sdist), and that commit."""
     b = manifest.base
@@ -249,7 +237,8 @@ def _base_commit(
     cached = base_mod.base_repo_path(b.project, b.version)
     was_cached = cached.exists()
     try:
-        repo, commit, _sha = base_mod.materialise_pinned(manifest, log=log)
+        stderr = functools.partial(print, file=sys.stderr)  # stdout is the report alone
+        repo, commit, _sha = base_mod.materialise_pinned(manifest, log=stderr)
     except SeriesError as e:
         how = (
             ""
