@@ -109,12 +109,9 @@ def _describe(kind: str, change, comparison) -> str:
     if kind == REORDERED:
         return f"reordered (was v{ov} {old.tag})"
     if kind == REWORDED:
-        what = {
-            (True, False): "message only",
-            (False, True): "author only",
-            (True, True): "message and author only",
-        }[(change.message_changed, change.author_changed)]
-        return f"reworded: {what}{_subject_note(change)}"
+        message, author = change.message_changed, change.author_changed
+        what = "message and author" if message and author else "message" if message else "author"
+        return f"reworded: {what} only{_subject_note(change)}"
     if kind == TEST_ONLY:
         return f"test only: {', '.join(change.test_paths)}{_subject_note(change, also=True)}"
     if kind == CONTRACT_CHANGED:
