@@ -363,12 +363,9 @@ def _compare_pair(scratch: Path, change: Change) -> None:
             differ.append(path)
     change.test_paths = [p for p in differ if p.startswith(TESTS_DIR)]
     change.code_paths = [p for p in differ if not p.startswith(TESTS_DIR)]
-    message = {c: g.out(scratch, "log", "-1", "--format=%an <%ae>%x00%B", c) for c in
-               (o.commit, n.commit)}  # fmt: skip
-    old_author, old_body = message[o.commit].split("\0", 1)
-    new_author, new_body = message[n.commit].split("\0", 1)
-    change.author_changed = old_author != new_author
-    change.message_changed = old_body != new_body
+    shown = g.git(scratch, "show", "-s", "--format=%x00%an <%ae>%x00%B", o.commit, n.commit).stdout
+    _, old_author, old_body, new_author, new_body = shown.split("\0")
+    change.author_changed, change.message_changed = old_author != new_author, old_body != new_body
 
 
 def _added_text(scratch: Path, commit: str) -> collections.Counter[str]:
