@@ -205,7 +205,13 @@ def compare(repo: Path, from_spec: str, to_spec: str | None, vllm: Path | None) 
         old_tip = old.patches[-1].commit if old.patches else old_base
         new_tip = new.patches[-1].commit if new.patches else new_base
         text = rangediff.range_diff(scratch, old_base, old_tip, new_base, new_tip)
-        changes = _pair(scratch, old, new, text)
+        # range-diff's pairs, then unpaired patches of equal subject paired by subject.
+        changes = []
+        for pair in rangediff.parse(text):
+            o = old.patches[pair.left - 1] if pair.left else None
+            n = new.patches[pair.right - 1] if pair.right else None
+            changes.append(Change(pair.status, o, n, "range-diff" if o and n else "", pair.body))
+        _pair_unpaired(scratch, changes, "subject", lambda n: [manifest_mod.normalise(n.subject)])
         notes = _pair_recorded(scratch, old, new, changes)
         # "previous" names the patches of the version just before the newer one:
         # against an older one, a subject it names that is gone is no mistake.
@@ -253,18 +259,6 @@ def _base_commit(state: versions.SeriesVersion, manifest, vllm: Path | None) -> 
             f" {e}{how}"
         ) from None
     return repo, commit
-
-
-def _pair(scratch: Path, old: Side, new: Side, text: str) -> list[Change]:
-    """range-diff's pairs, then unpaired patches of equal subject paired by subject."""
-    changes = []
-    for pair in rangediff.parse(text):
-        o = old.patches[pair.left - 1] if pair.left else None
-        n = new.patches[pair.right - 1] if pair.right else None
-        paired_by = "range-diff" if o and n else ""
-        changes.append(Change(pair.status, o, n, paired_by, pair.body))
-    _pair_unpaired(scratch, changes, "subject", lambda new: [manifest_mod.normalise(new.subject)])
-    return changes
 
 
 def _pair_unpaired(scratch: Path, changes: list[Change], how: str, wanted) -> None:
