@@ -18,10 +18,6 @@ from . import scratch as scratch_mod
 from .errors import SeriesError
 from .report import table
 
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_REFUSED = 2
-
 IDENTICAL = "identical"
 COMBINED = "combined"
 SPLIT = "split"
@@ -586,9 +582,9 @@ def run(args: argparse.Namespace) -> int:
     except interrupts.Interrupted:
         raise
     except SeriesError as e:
-        raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
+        raise SeriesError(str(e), exit_code=2) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else _render_text(report))
-    return EXIT_FINDINGS if report.failures() else EXIT_OK
+    return 1 if report.failures() else 0
 
 
 def _run(args: argparse.Namespace) -> Report:

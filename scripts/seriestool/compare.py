@@ -20,9 +20,6 @@ from . import scratch as scratch_mod
 from .errors import SeriesError
 from .report import table
 
-EXIT_OK = 0
-EXIT_REFUSED = 2
-
 TESTS_DIR = "tests/"
 # A new patch comes from an old one when at least this share of its added
 # text (by length, so short boilerplate lines weigh little) was added by it.
@@ -513,10 +510,10 @@ def run(args: argparse.Namespace) -> int:
     except interrupts.Interrupted:
         raise
     except (SeriesError, OSError) as e:
-        raise SeriesError(str(e), exit_code=EXIT_REFUSED) from None
+        raise SeriesError(str(e), exit_code=2) from None
     print(json.dumps(comparison.to_dict(), indent=2) if args.json
           else _render_text(comparison, args.draft))  # fmt: skip
-    return EXIT_OK
+    return 0
 
 
 def register(subparsers) -> None:
