@@ -25,15 +25,17 @@ _NO_WHY = {UNCHANGED, CONTEXT_ONLY}
 def draft(comparison) -> str:
     """The Markdown section, ending with a newline."""
     old, new = comparison.old, comparison.new
-    ov = old.state.version
-    where = "the working tree" if old.state.commit is None else f"commit {old.state.commit[:12]}"
     command = f"make compare FROM={old.state.spec}"
     if new.state.commit is not None:
         command += f" TO={new.state.spec}"
+    was, now = old.manifest.base, new.manifest.base
+    base = f"{now.project} {now.version}"
+    same = (was.project, was.version, was.commit) == (now.project, now.version, now.commit)
+    base = f"{base}, unchanged." if same else f"{was.project} {was.version} -> {base}."
     lines = [
         f"## Changes in v{new.state.version}",
         "",
-        f"Against v{ov} ({where}); `{command}` shows the range-diff. {_base_sentence(comparison)}",
+        f"Against {old.state.label}; `{command}` shows the range-diff. Base: {base}",
         "",
     ]
     ordered = sorted((c for c in comparison.changes if c.new), key=lambda c: c.new.number)
@@ -46,13 +48,6 @@ def draft(comparison) -> str:
     if not ordered and not gone:
         lines.append("(both versions are empty)")
     return "\n".join(lines) + "\n"
-
-
-def _base_sentence(comparison) -> str:
-    old, new = comparison.old.manifest.base, comparison.new.manifest.base
-    if (old.project, old.version, old.commit) == (new.project, new.version, new.commit):
-        return f"Base: {new.project} {new.version}, unchanged."
-    return f"Base: {old.project} {old.version} -> {new.project} {new.version}."
 
 
 def _line(change, comparison) -> str:
