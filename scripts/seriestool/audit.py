@@ -199,8 +199,7 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
               ) -> tuple[list[ExtraCommit], list[FileState]]:  # fmt: skip
     """Fill ``results`` in place; return the extra commits and the end state."""
     pathspecs = [f":(literal){p}" for p in paths]
-    series_tip = series_commits[-1]
-    series_ids = dict(patchset.commit_patch_ids(scratch, f"{base}..{series_tip}", pathspecs))
+    series_ids = patchset.patch_ids_of_commits(scratch, series_commits, pathspecs)
     for result, commit in zip(results, series_commits, strict=True):
         result.patch_id = series_ids.get(commit)
     cons_order = [c for c, _ in cons_ids]
@@ -231,7 +230,7 @@ def _classify(scratch: Path, base: str, series_commits: list[str], cons: str, pa
             extra.append(
                 ExtraCommit(commit, subject, [n.lstrip("\n") for n in names if n.strip("\n")])
             )
-    return extra, _end_state(scratch, series_tip, cons, paths)
+    return extra, _end_state(scratch, series_commits[-1], cons, paths)
 
 
 @dataclasses.dataclass
