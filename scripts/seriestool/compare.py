@@ -389,14 +389,11 @@ def _find_splits(scratch: Path, changes: list[Change]) -> None:
     donor_lines = {p.number: _added_text(scratch, p.commit) for p in donors}
     for change in added:
         lines = _added_text(scratch, change.new.commit)
+        shared = {d.number: lines & donor_lines[d.number] for d in donors}
+        weight = {k: sum(len(text) * n for text, n in c.items()) for k, c in shared.items()}
+        best = max(donors, key=lambda d: weight[d.number])  # the first of the heaviest
         total = sum(len(text) * n for text, n in lines.items())
-        best, best_share = None, 0.0
-        for donor in donors:
-            shared = lines & donor_lines[donor.number]
-            share = sum(len(text) * n for text, n in shared.items()) / total if total else 0.0
-            if share > best_share:
-                best, best_share = donor, share
-        if best is not None and best_share >= SPLIT_SHARE:
+        if total and weight[best.number] / total >= SPLIT_SHARE:
             change.from_old = best
     for donor in donors:
         if donor.number in recorded:
