@@ -399,10 +399,8 @@ def _refuse_unplaceable(
 ) -> None:
     """Refuse a BASE whose files are not the series' preimages when ``repo``
     lacks those preimage blobs: no 3-way merge could place the series there."""
-    first: dict[str, patchset.Entry | None] = {}
-    for image in images:
-        for path, (pre, _post) in image.items():
-            first.setdefault(path, pre)
+    # Each path's first preimage: the earliest image's entry wins.
+    first = {path: pre for image in reversed(images) for path, (pre, _post) in image.items()}
     at_base = g.tree_entries(repo, base, sorted(first))
     lacking = []
     for path, pre in sorted(first.items()):
