@@ -381,19 +381,6 @@ def fetch_advice(repo: Path, pinned: manifest_mod.Base) -> str:
     )
 
 
-def default_base(repo: Path, pinned: manifest_mod.Base) -> str:
-    """The pinned base in ``repo``: the materialised base commit, else the
-    upstream commit it was made from (else a refusal saying how to get it)."""
-    for ref in (pinned.commit, pinned.upstream_commit):
-        if ref and (commit := g.rev(repo, ref)):
-            return commit
-    raise SeriesError(
-        f"the pinned base {pinned.project} {pinned.version} is not in {repo}: neither the"
-        f" base commit {pinned.commit[:12]} (materialised from the sdist) nor the upstream"
-        f" commit {pinned.upstream_commit} is there.\n" + fetch_advice(repo, pinned)
-    )
-
-
 def _refuse_unplaceable(
     repo: Path, base_ref: str, base: str, images, pinned: manifest_mod.Base | None
 ) -> None:
@@ -601,8 +588,17 @@ def _run(args: argparse.Namespace) -> Report:
         f"\n{check_manifest.fix_series(patch_dir)}, then run the audit again",
     )  # fmt: skip
     repo = args.vllm or base_mod.WORK_DIR / "vllm"
+    pinned = manifest.base
     if not args.base and g.git(repo, "rev-parse", "--git-dir", check=False).returncode == 0:
-        args.base = default_base(repo, manifest.base)
+        # The materialised base commit, else the upstream commit it was made from.
+        refs = (pinned.commit, pinned.upstream_commit)
+        args.base = next((c for ref in refs if ref and (c := g.rev(repo, ref))), None)
+        if args.base is None:
+            raise SeriesError(
+                f"the pinned base {pinned.project} {pinned.version} is not in {repo}: neither the"
+                f" base commit {pinned.commit[:12]} (materialised from the sdist) nor the upstream"
+                f" commit {pinned.upstream_commit} is there.\n" + fetch_advice(repo, pinned)
+            )
     return audit(
         repo=repo,
         consolidated_ref=args.consolidated or manifest.branch_name,
@@ -610,5 +606,5 @@ def _run(args: argparse.Namespace) -> Report:
         patch_files=manifest.patch_paths(patch_dir),
         accepts=accepts,
         creation_factor=args.creation_factor,
-        pinned=manifest.base,
+        pinned=pinned,
     )
