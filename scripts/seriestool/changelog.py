@@ -43,10 +43,7 @@ def draft(comparison) -> str:
         (c for c in comparison.changes if not c.new and not c.pieces and not c.merged_into),
         key=lambda c: c.old.number,
     )
-    for change in ordered + gone:
-        lines.append(_line(change, comparison))
-    if not ordered and not gone:
-        lines.append("(both versions are empty)")
+    lines += [_line(c, comparison) for c in ordered + gone] or ["(both versions are empty)"]
     return "\n".join(lines) + "\n"
 
 
