@@ -37,7 +37,6 @@ class Pair:
 def parse(text: str) -> list[Pair]:
     """Every pair of ``git range-diff`` output, in its order."""
     pairs: list[Pair] = []
-    bodies: list[list[str]] = []
     for line in text.splitlines():
         match = None if line.startswith("    ") else _PAIR_HEADER.match(line)
         if match:
@@ -45,11 +44,10 @@ def parse(text: str) -> list[Pair]:
                 None if v.startswith("-") else v for v in match.group("lno", "lsha", "rno", "rsha")
             )
             pairs.append(Pair(match["st"], lno and int(lno), lsha, rno and int(rno), rsha))
-            bodies.append([])
         elif pairs:
-            bodies[-1].append(line)
-    for pair, body in zip(pairs, bodies, strict=True):
-        pair.body = "\n".join(body)
+            pairs[-1].body += f"{line}\n"
+    for pair in pairs:
+        pair.body = pair.body.removesuffix("\n")
     return pairs
 
 
