@@ -447,20 +447,19 @@ class _AcceptAction(argparse.Action):
     """``--accept KEY --reason TEXT``: each accept followed by its own reason."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        pending = getattr(namespace, "accepts", None) or []
+        pending = namespace.accepts = namespace.accepts or []
         if option_string == "--accept":
             if pending and pending[-1].reason == "":
                 parser.error(
                     f"--accept {pending[-1].key} needs a --reason before the next --accept"
                 )
             pending.append(Accept(key=values, reason=""))
+        elif not pending or pending[-1].reason:
+            parser.error("--reason must follow the --accept it explains")
+        elif not values.strip():
+            parser.error(f"--accept {pending[-1].key}: the reason must not be empty")
         else:
-            if not pending or pending[-1].reason:
-                parser.error("--reason must follow the --accept it explains")
-            if not values.strip():
-                parser.error(f"--accept {pending[-1].key}: the reason must not be empty")
             pending[-1].reason = values
-        namespace.accepts = pending
 
 
 def _render_text(report: Report) -> str:
