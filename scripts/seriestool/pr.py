@@ -14,7 +14,6 @@ from . import check_manifest, hints, interrupts, journal, patchset, scratch, ser
 from . import export as export_mod
 from . import git as g
 from . import manifest as manifest_mod
-from .apply import ensure_default_checkout
 from .errors import SeriesError
 
 # The title line of a section of a patch message, e.g. "Validation (CPU)".
@@ -125,7 +124,7 @@ def describe(work: Path, group: manifest_mod.Group, entries, commits, files) -> 
 
 def run(args: argparse.Namespace) -> int:
     manifest = manifest_mod.load()
-    repo = args.vllm or ensure_default_checkout(manifest)
+    repo = args.vllm or apply_mod.ensure_default_checkout(manifest)
     make_pr(repo, manifest, args.group, signoff=args.signoff)
     return 0
 
