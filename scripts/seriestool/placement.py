@@ -60,12 +60,10 @@ def check(repo: Path, before: str, after: str, image: Image, ours: str) -> list[
 def merge_file(repo: Path, ours: str, base: str, theirs: str) -> tuple[bytes, int]:
     """``git merge-file -p`` of three blobs: (merged bytes, number of conflicts)."""
     with tempfile.TemporaryDirectory(prefix="seriestool-merge-") as tmp:
-        files = []
-        for name, oid in (("ours", ours), ("base", base), ("theirs", theirs)):
-            path = Path(tmp) / name
+        files = [Path(tmp) / name for name in ("ours", "base", "theirs")]
+        for path, oid in zip(files, (ours, base, theirs), strict=True):
             path.write_bytes(g.blob(repo, oid, check=True))
-            files.append(str(path))
-        proc = g.git(repo, "merge-file", "-p", "-q", *files, check=False, text=False)
+        proc = g.git(repo, "merge-file", "-p", "-q", *map(str, files), check=False, text=False)
     if proc.returncode < 0 or proc.returncode > 127:
         raise RuntimeError(f"git merge-file failed: {proc.stderr.decode(errors='replace')}")
     return proc.stdout, proc.returncode
