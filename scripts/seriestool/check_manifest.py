@@ -5,6 +5,8 @@ agree.  Runs with the system Python alone.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 from pathlib import Path
 
 from . import base as base_mod
@@ -141,6 +143,47 @@ def doc_problems(manifest: manifest_mod.Manifest, doc: Path) -> list[str]:
     return found
 
 
+# The documents that may cite GPU runs, and what a citation of one looks like:
+# ``qualification/<run>/...`` or ``<run>/...`` for a folder of qualification/.
+CITING_DOCS = ("README.md", seriesdoc.DOC_NAME)
+_CITED = re.compile(r"(?<![\w.\-/])(?:qualification/)?(\w[\w.\-]*)/([\w.\-/]*)")
+
+
+def cited_run_problems(manifest: manifest_mod.Manifest, root: Path) -> list[str]:
+    """GPU runs that ``root``'s README.md or SERIES.md cite (a folder of
+    ``qualification/`` whose ``qualification.json`` records the bundle's patch
+    IDs) measured on patch IDs other than the manifest's."""
+    qual = root / "qualification"
+    want = {entry.file[:4]: entry.patch_id for entry in manifest.patches}
+    found = []
+    for name in CITING_DOCS:
+        doc = root / name
+        if not doc.is_file():
+            continue
+        cited = set()
+        for top, rest in _CITED.findall(doc.read_text(encoding="utf-8")):
+            if not (qual / top).is_dir() or top in cited:
+                continue
+            where = qual / top / rest
+            while not where.exists():
+                where = where.parent
+            folder = where if where.is_dir() else where.parent
+            for path in sorted(folder.rglob("qualification.json")):
+                patches = json.loads(path.read_text(encoding="utf-8"))["bundle"]["patches"]
+                if patches and [p["patch_id"] for p in patches] != list(want.values()):
+                    cited.add(top)
+                    rel = path.parent.relative_to(root)
+                    got = {p["file"][:4]: p["patch_id"] for p in patches}
+                    differ = sorted(n for n in {*got, *want} if got.get(n) != want.get(n))
+                    found.append(
+                        f"{name} cites {rel}/, a GPU run of other patch IDs than"
+                        f" patches/series.json (differ: {', '.join(differ) or 'the order'}):"
+                        " cite a run of the shipped patches"
+                    )
+                    break
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     manifest_path = Path(args.manifest) if args.manifest else manifest_mod.MANIFEST_PATH
     patch_dir = Path(args.patches_dir) if args.patches_dir else manifest_path.parent
@@ -149,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     doc = patch_dir.resolve().parent / seriesdoc.DOC_NAME
     if doc.is_file():
         found += doc_problems(manifest, doc)
+        found += cited_run_problems(manifest, doc.parent)
     for line in found:
         print(f"error: {line}")
     b = manifest.base

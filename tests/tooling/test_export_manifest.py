@@ -168,6 +168,28 @@ def test_the_repository_series_md_agrees_with_its_manifest():
     manifest = manifest_mod.load(manifest_mod.MANIFEST_PATH)
     doc = manifest_mod.MANIFEST_PATH.parent.parent / "SERIES.md"
     assert check_manifest.doc_problems(manifest, doc) == []
+    assert check_manifest.cited_run_problems(manifest, doc.parent) == []
+
+
+def test_a_cited_gpu_run_of_other_patch_ids_fails(tmp_path):
+    import json
+
+    manifest = manifest_mod.load(manifest_mod.MANIFEST_PATH)
+    shipped = [{"file": e.file, "patch_id": e.patch_id} for e in manifest.patches]
+    runs = {"shipped/a": shipped, "old": [*shipped[:-1], {**shipped[-1], "patch_id": "0" * 40}],
+            "smoke": []}  # fmt: skip
+    for folder, patches in runs.items():
+        (tmp_path / "qualification" / folder).mkdir(parents=True)
+        run = {"bundle": {"patches": patches}}
+        (tmp_path / "qualification" / folder / "qualification.json").write_text(json.dumps(run))
+    (tmp_path / "README.md").write_text("[run](qualification/shipped/), `smoke/`\n")
+    (tmp_path / "SERIES.md").write_text("figures: `old/run.log`\n")
+    found = check_manifest.cited_run_problems(manifest, tmp_path)
+    last = manifest.patches[-1].file[:4]
+    assert found == [
+        f"SERIES.md cites qualification/old/, a GPU run of other patch IDs than"
+        f" patches/series.json (differ: {last}): cite a run of the shipped patches"
+    ]
 
 
 def test_export_refuses_merge_commits(toy_series):
