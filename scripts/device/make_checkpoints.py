@@ -1,6 +1,6 @@
 """Write the qualification checkpoints (CPU only, so it can run beside tests).
 
-    python3 make_checkpoints.py ROOT [--only synthetic,staging,heavy,layered,real,many]
+    python3 make_checkpoints.py ROOT [--only synthetic,...,draft,kimi,disk] [--disk-root DISK]
 
 ROOT/synthetic  about 8 GiB, 4 indexed shards, mixed tensor sizes
 ROOT/staging    the same shards (hard links) plus a shard with one 1 GiB tensor
@@ -11,6 +11,12 @@ ROOT/layered    a model-like stack for layerwise processing (fused q/k/v, gate/u
 ROOT/real       a small Qwen3-MoE written by transformers' save_pretrained, sharded
 ROOT/many       116,000 bf16 tensors of 16 KiB in 100 indexed shards (1.9 GB), and
                 ROOT/many-part, its first 20 shards (hard links)
+ROOT/draft      an EAGLE-style draft of a Kimi-class target: lm_head 163840 x 7168
+                bf16 and one dense layer, 3.3 GiB
+ROOT/kimi       the synthetic shards (hard links) between embed_tokens and lm_head
+                (163840 x 7168 bf16 each; lm_head the draft's shard, linked)
+DISK/disk       staging's 1 GiB tensor and two synthetic shards, copied to
+                ``--disk-root`` (the machine's own disk), 5 GiB
 
 Each folder gets ``checkpoint.json``: what was written (tensor count, bytes,
 stream order where the benchmarks need it, timings).  Tensor bytes are random
@@ -304,6 +310,79 @@ def make_many(root: Path) -> dict:
     )
 
 
+VOCAB_SHAPE = (163840, 7168)  # Kimi-K2's embed_tokens and lm_head, bf16: 2.19 GiB each
+VOCAB_SHAPE_SMALL = (8192, 256)  # --small: 4 MiB, above its 2 MiB bound
+
+
+def vocab_tensor(name: str) -> tuple:
+    return (name, VOCAB_SHAPE_SMALL if SMALL else VOCAB_SHAPE, "BF16")
+
+
+def make_draft(root: Path) -> dict:
+    """A draft shaped like an EAGLE draft of a Kimi-class target: ``lm_head``
+    (163840 x 7168 bf16, 2.19 GiB) in a shard of its own, and one dense
+    layer (hidden 7168, MLP 18432) in another: about 3.3 GiB."""
+    folder = root / "draft"
+    h, m, kv = (256, 640, 64) if SMALL else (7168, 18432, 1024)
+    p = "model.layers.0."
+    layer = [
+        (f"{p}self_attn.q_proj.weight", (h, h), "BF16"),
+        (f"{p}self_attn.k_proj.weight", (kv, h), "BF16"),
+        (f"{p}self_attn.v_proj.weight", (kv, h), "BF16"),
+        (f"{p}self_attn.o_proj.weight", (h, h), "BF16"),
+        (f"{p}mlp.gate_proj.weight", (m, h), "BF16"),
+        (f"{p}mlp.up_proj.weight", (m, h), "BF16"),
+        (f"{p}mlp.down_proj.weight", (h, m), "BF16"),
+        (f"{p}input_layernorm.weight", (h,), "BF16"),
+        ("model.fc.weight", (h, 2 * h), "BF16"),
+    ]
+    written = write_sharded(folder, [layer, [vocab_tensor("lm_head.weight")]], first_index=40_000)
+    write_index(folder, written["weight_map"], written["total_size"])
+    return describe(folder, written["files"], {"kind": "draft"})
+
+
+def make_kimi(root: Path) -> dict:
+    """A Kimi-K2-class byte mix: only ``embed_tokens`` (first shard) and
+    ``lm_head`` (last; the draft's shard, hard-linked) at 163840 x 7168 bf16,
+    the synthetic checkpoint's dense tensors (all of them at most 62.5 MiB)
+    between them."""
+    folder = root / "kimi"
+    files, weight_map = link_shards(root, folder)
+    first = "model-00000-embed.safetensors"
+    written = write_sharded(folder, [[vocab_tensor("model.embed_tokens.weight")]],
+                            first_index=50_000, names=[first])  # fmt: skip
+    last = "model-99999-lm-head.safetensors"
+    draft = json.loads((root / "draft" / "model.safetensors.index.json").read_text())
+    target = folder / last
+    target.unlink(missing_ok=True)
+    os.link(root / "draft" / draft["weight_map"]["lm_head.weight"], target)
+    weight_map |= written["weight_map"] | {"lm_head.weight": last}
+    names = sorted([first, *files, last])
+    write_index(folder, weight_map, total_size(folder, names))
+    return describe(folder, names, {"kind": "kimi"})
+
+
+DISK_ROOT: Path | None = None  # --disk-root: the GPU machine's own disk
+
+
+def make_disk(root: Path) -> dict:
+    """The staging checkpoint's first two synthetic shards and its 1 GiB
+    tensor, copied (not linked) to ``DISK_ROOT``, a folder on the machine's
+    own disk, where InstantTensor reads with its O_DIRECT backends."""
+    folder = DISK_ROOT / "disk"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    staging = json.loads((root / "staging" / "model.safetensors.index.json").read_text())
+    files = sorted(set(staging["weight_map"].values()))
+    keep = [f for f in files if "extra" in f] + [f for f in files if "extra" not in f][:2]
+    for name in keep:
+        shutil.copyfile(root / "staging" / name, folder / name)
+    weight_map = {k: v for k, v in staging["weight_map"].items() if v in keep}
+    write_index(folder, weight_map, total_size(folder, keep))
+    os.sync()
+    return describe(folder, sorted(keep), {"kind": "disk"})
+
+
 MAKERS = {
     "synthetic": make_synthetic,
     "staging": make_staging,
@@ -311,6 +390,9 @@ MAKERS = {
     "layered": make_layered,
     "real": make_real,
     "many": make_many,
+    "draft": make_draft,
+    "kimi": make_kimi,
+    "disk": make_disk,
 }
 
 
@@ -319,9 +401,11 @@ def main() -> int:
     parser.add_argument("root")
     parser.add_argument("--only", default=",".join(MAKERS))
     parser.add_argument("--small", action="store_true", help="tiny sizes, for CPU tests")
+    parser.add_argument("--disk-root", help="the disk checkpoint's folder (default: ROOT)")
     args = parser.parse_args()
-    global SMALL
+    global SMALL, DISK_ROOT
     SMALL = args.small
+    DISK_ROOT = Path(args.disk_root or args.root)
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     results = {}

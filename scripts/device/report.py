@@ -294,7 +294,78 @@ def evaluate_targets(res: dict) -> list[dict]:
             f"{len(checked)} configurations",
         )
     bound_targets(res, add)
+    new_row_targets(res, add)
     return targets
+
+
+def peak_target(add, what: str, c: dict, bound: int, largest_on_gpu: int) -> None:
+    """Peak extra device memory of one bounded series row: ``<= B + 16 MiB``
+    borrowed, ``<= B + the largest tensor on the GPU`` in copy mode."""
+    slack = PEAK_SLACK if c.get("borrowed") else largest_on_gpu
+    peak = c.get("peak_used_delta")
+    add(
+        f"{what}: peak extra device memory (MiB)",
+        f"<= B + {slack / common.MiB:.1f} ({'borrowed' if c.get('borrowed') else 'copy'})",
+        None if peak is None else peak / common.MiB,
+        peak is not None and peak <= bound + slack,
+        f"B = {bound / common.MiB:.0f} MiB",
+    )
+
+
+def new_row_targets(res: dict, add) -> None:
+    """The bound's peak (staging, heavy, kimi), the Kimi-K2-class mix, the
+    draft after its target, the disk rows and the many-tensor minimum."""
+    skipped = set(res.get("skipped_phases", []))
+    for kind in ("staging", "heavy", "kimi"):
+        st = res.get(kind, {})
+        for label, c in st.get("configs", {}).items():
+            if label.startswith("series") and c.get("bound_bytes") and c.get("runs"):
+                peak_target(add, f"{kind} {label}", c, c["bound_bytes"],
+                            st.get("largest_on_gpu_bytes") or 0)  # fmt: skip
+    if "kimi" not in skipped:
+        for label, c in res.get("kimi", {}).get("configs", {}).items():
+            if label != "series unbound":
+                r = c.get("ratio_vs_unbound")
+                add(
+                    f"Kimi-K2-class mix, {label} / unbounded (time)",
+                    "<= 1.02",
+                    r,
+                    r is not None and r <= 1.02,
+                    f"best rounds {fmt(c.get('ratio_best_vs_unbound'))}",
+                )
+    if "draft" not in skipped:
+        for label, r in res.get("draft", {}).get("rows", {}).items():
+            if not label.startswith("series"):
+                continue
+            ok = r.get("outcome") == "loaded" and r.get("n_mismatches") == 0
+            add(f"draft after target, {label}: loads, bitwise", "loaded, 0 mismatched",
+                r.get("outcome"), ok, (r.get("failure") or "")[-300:])  # fmt: skip
+            ratio = r.get("ratio_vs_safetensors")
+            add(f"draft after target, {label} / vLLM safetensors (time)", "<= 1.0", ratio,
+                ok and ratio is not None and ratio <= 1.0)  # fmt: skip
+            ring, peak = r.get("ring_bytes"), r.get("peak_used_delta")
+            add(
+                f"draft after target, {label}: peak extra (MiB)",
+                "<= chosen bound + 16",
+                None if peak is None else peak / common.MiB,
+                ok and None not in (ring, peak) and peak <= ring + PEAK_SLACK,
+                f"ring {mib(ring)} MiB",
+            )
+    if "disk" not in skipped:
+        for label, c in res.get("disk", {}).get("configs", {}).items():
+            add(
+                f"disk, {label}: time / the same tree unbounded (page cache dropped)",
+                "stated",
+                c.get("ratio_vs_unbound"),
+                c.get("ratio_vs_unbound") is not None,
+                f"median {fmt(c.get('median_s'), 3)} s, io depth {c.get('io_depth')},"
+                f" backend {c.get('backend')}",
+            )
+    for label, c in res.get("many", {}).get("configs", {}).items():
+        if "ratio_best" in c and not label.startswith("base"):
+            r = c["ratio_best"]
+            add(f"many tensors: {label}, best round / base's best", "<= 1.03", r,
+                r is not None and r <= 1.03)  # fmt: skip
 
 
 def bound_targets(res: dict, add) -> None:

@@ -328,7 +328,8 @@ def machine_facts(run: Run, shm_root: Path) -> dict:
 # tmpfs the checkpoints take: synthetic 7.9 GiB, staging's and heavy's new
 # 1 GiB tensors 4 GiB (the rest are hard links), layered 1.4, real 0.4,
 # many 1.9 (many-part: hard links).
-SHM_GIB = 18
+SHM_GIB = 26  # + draft 3.3, kimi's embed_tokens 2.2 (its lm_head: the draft's, linked)
+DISK_GIB = 8  # the disk checkpoint, 5 GiB, on the machine's own disk
 
 
 def choose_shm(run: Run, wanted_gib: float) -> Path:
@@ -353,6 +354,27 @@ def choose_shm(run: Run, wanted_gib: float) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def choose_disk(run: Run, work: Path) -> Path:
+    """A folder on the machine's own disk (not a tmpfs) with ``DISK_GIB``
+    free: the first of /var/tmp, $HOME and /tmp (recorded)."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    for cand in ("/var/tmp", os.environ.get("HOME", "/root"), "/tmp"):
+        path = Path(cand)
+        if not path.is_dir():
+            continue
+        real = str(path.resolve())
+        fs = max((m for m in mounts if real.startswith(m[1].rstrip("/") + "/") or real == m[1]),
+                 key=lambda m: len(m[1]), default=["?", "/", "?"])  # fmt: skip
+        st = os.statvfs(path)
+        free = st.f_bavail * st.f_frsize / common.GiB
+        if fs[2] not in ("tmpfs", "ramfs") and free >= DISK_GIB:
+            run.res["disk"] = {"folder": str(path / "qual-disk"), "fs": fs[2],
+                               "device": fs[0], "free_gib": round(free, 1)}  # fmt: skip
+            return path / "qual-disk"
+    run.problem(f"no folder on a disk with {DISK_GIB} GiB free: the disk rows read {work}")
+    return work / "disk-root"
 
 
 def run_pytest(
@@ -434,21 +456,27 @@ SMALL_SIZES = {
 # ``--only tests,bound,deferred,many,throughput --budget 540``: tests ~125 s,
 # throughput ~35, bound ~100, deferred ~35, many 4 rounds of the three mode
 # rows ~150: about 460 s of the 540.
+# The default run (one GPU, the shipped patches): setup ~40 s, tests ~125 s,
+# then the shares below (soft: a phase starts no round past its share):
+# about 530 s in all, within the 540 s budget and a 10-minute call.
 SMALL_SCALE = 4
 PHASE_SECONDS = {
-    "real_writer": 25,
-    "throughput": 40,
-    "staging": 50,
-    "heavy": 50,
-    "deferred": 40,
-    "pinned_read": 25,
+    "real_writer": 20,
+    "throughput": 30,
+    "staging": 30,
+    "heavy": 30,
+    "deferred": 30,
+    "pinned_read": 15,
+    "disk": 45,
+    "draft": 25,
+    "kimi": 30,
     "many": 160,
     "tuning": 30,
     "bound": 120,
 }
 # The checkpoints, in the order they are written, and those each phase reads
 # (staging and heavy link synthetic's shards).
-KINDS = ("synthetic", "staging", "heavy", "layered", "real", "many")
+KINDS = ("synthetic", "staging", "heavy", "layered", "real", "many", "draft", "kimi", "disk")
 CHECKPOINTS = {
     "real_writer": ["real"],
     "throughput": ["synthetic"],
@@ -457,6 +485,9 @@ CHECKPOINTS = {
     "deferred": ["layered"],
     "pinned_read": ["synthetic", "staging"],
     "many": ["many"],
+    "disk": ["synthetic", "staging", "disk"],
+    "draft": ["draft"],
+    "kimi": ["synthetic", "draft", "kimi"],
     "tuning": ["synthetic"],
     "bound": ["synthetic", "staging", "heavy"],
 }
@@ -516,7 +547,7 @@ def verified_load(run: Run, W: dict, phase: str, label: str, wname: str, kw: dic
     return r
 
 
-THROUGHPUT_MIN_ROUNDS = 10  # past the phase's share, while the budget allows
+THROUGHPUT_MIN_ROUNDS = 4  # past the phase's share, while the budget allows
 
 
 def bench_throughput(run: Run, W: dict, ck: dict, repeats: int, until: float) -> dict:
@@ -610,9 +641,9 @@ def bounded_configs(kind: str) -> list:
         ("series bound", "series", {"env": bound}),
         ("series bound, pinned staging", "series", {"env": bound, "extra": PINNED}),
         (
-            "series bound, pinned staging, 64 MiB read chunks",
+            "series bound, pinned staging, borrowed",
             "series",
-            {"env": bound, "extra": PINNED, "pinned_read": {"chunk_bytes": 64 << 20}},
+            {"env": bound, "extra": {**PINNED, **COPY_FALSE}},
         ),
         ("series 2x bound, pinned staging", "series", {"env": double, "extra": PINNED}),
         ("series unbound", "series", {"env": {}}),
@@ -641,9 +672,11 @@ def bench_bounded(
     the CPU-fallback rate is timed to the end of the consumer's GPU copy."""
     info = ck[kind]
     folder = info["dir"]
+    sizes = common.tensor_sizes([str(Path(folder) / f) for f in info["files"]])
     out: dict = {
         "dir": folder,
         "bound_bytes": SIZES["bound"],
+        "largest_on_gpu_bytes": max((n for n in sizes.values() if n <= SIZES["bound"]), default=0),
         "checkpoint_gib": info["payload_bytes"] / common.GiB,
         "big_tensor": info.get("big_tensor"),
         "oversized_fraction": info.get("oversized_fraction"),
@@ -672,11 +705,16 @@ def bench_bounded(
         s["torch_peak_delta"] = max((r["torch_peak_delta"] for r in everything), default=None)
         s["peak_host_delta"] = max((r.get("peak_host_delta", 0) for r in everything), default=None)
         rings = [rd["buffer_size"] for r in everything for rd in r.get("readers", [])]
+        s["readers_seen"] = [rd for r in everything for rd in r.get("readers", [])][:8]
         s["ring_bytes"] = max(rings, default=None)
         s["tree"] = W[wname].tree_label
         s["tree_has_pieces"] = any(r.get("tree_has_pieces") for r in everything)
         s["verify"] = verify[label]
-        s["bound_bytes"] = (kw.get("extra") or {}).get("instanttensor_buffer_size")
+        env_bound = (kw.get("env") or {}).get("INSTANTTENSOR_BUFFER_SIZE")
+        s["bound_bytes"] = (kw.get("extra") or {}).get("instanttensor_buffer_size") or (
+            int(env_bound) if env_bound else None
+        )
+        s["borrowed"] = (kw.get("extra") or {}).get("instanttensor_copy") is False
         out["configs"][label] = s
     for label, s in out["configs"].items():
         unbound = out["configs"].get(f"{label.split()[0]} unbound", {})
@@ -913,12 +951,99 @@ def bench_pinned_read(run: Run, W: dict, ck: dict) -> dict:
     return r
 
 
+DISK_REPEATS = 3
+GIB_BOUND = common.GiB
+
+
+def bench_disk(run: Run, W: dict, ck: dict, until: float) -> dict:
+    """The disk checkpoint on the machine's own disk, page cache dropped
+    before every load (worker ``drop_page_cache``: ``drop_caches`` as root,
+    else ``posix_fadvise``): base InstantTensor, the series unbounded and
+    bounded at ``SIZES["bound_large"]`` (256 MiB) and 1 GiB, pinned staging
+    on, interleaved; time, InstantTensor's backend and io depth."""
+    large = SIZES["bound_large"]
+    gib = GIB_BOUND if large >= 64 * common.MiB else 4 * large  # --small: 8 MiB
+    bounded = [
+        (f"series {size_label(b)}, pinned staging", "series",
+         {"extra": {**PINNED, "instanttensor_buffer_size": b}, "drop_cache": True})
+        for b in (large, gib)
+    ]  # fmt: skip
+    configs = [
+        ("base unbound", "base", {"drop_cache": True}),
+        ("series unbound", "series", {"drop_cache": True}),
+        *bounded,
+    ]
+    st = bench_bounded(run, W, ck, "disk", until, configs, DISK_REPEATS)
+    st["disk"] = run.res.get("disk")
+    for c in st["configs"].values():
+        readers = c.get("readers_seen") or []
+        c["io_depth"] = sorted({rd.get("io_depth") for rd in readers} - {None})
+        c["backend"] = sorted({rd.get("backend") for rd in readers} - {None})
+    return st
+
+
+DRAFT_FREE = (4 * common.GiB, common.GiB)
+
+
+def bench_draft(run: Run, W: dict, ck: dict, until: float) -> dict:
+    """A draft loaded after its target filled the GPU (worker op ``draft``):
+    the draft's parameters first, then the GPU filled so that 4 GiB, then
+    1 GiB stays free; the series with options unset and vLLM's safetensors
+    loader, each bitwise; time, peak extra device memory (mem_get_info after
+    every tensor), InstantTensor's ring; a load that raises is its outcome."""
+    folder = ck["draft"]["dir"]
+    info = ck["draft"]
+    out: dict = {"dir": folder, "checkpoint_gib": info["payload_bytes"] / common.GiB,
+                 "largest_tensor_bytes": info["largest_tensor_bytes"], "rows": {}}  # fmt: skip
+    small = SIZES["bound"] < 64 * common.MiB
+    for free in DRAFT_FREE:
+        for label, wname, fmt_ in (
+            ("series, options unset", "series", IT),
+            ("vLLM safetensors", "base", "safetensors"),
+        ):
+            leave = free // 1024 if small else free
+            r = W[wname].call("draft", dir=folder, format=fmt_, leave_free=leave, timeout=120)
+            r["ring_bytes"] = max((rd["buffer_size"] for rd in r.get("readers", [])), default=None)
+            r.pop("readers", None)
+            out["rows"][f"{label}, {size_label(free)} free"] = r
+            if r.get("n_mismatches"):
+                run.problem(f"draft {label} at {size_label(free)} free: {r['n_mismatches']} differ")
+    for free in DRAFT_FREE:
+        mine = out["rows"].get(f"series, options unset, {size_label(free)} free", {})
+        ref = out["rows"].get(f"vLLM safetensors, {size_label(free)} free", {})
+        mine["ratio_vs_safetensors"] = common.ratio(mine.get("seconds"), ref.get("seconds"))
+    return out
+
+
+def bench_kimi(run: Run, W: dict, ck: dict, until: float) -> dict:
+    """A Kimi-K2-class byte mix (only ``embed_tokens`` and ``lm_head``,
+    163840 x 7168 bf16 each, above the bound): the series unbounded against
+    the series bounded at ``SIZES["bound_large"]`` with pinned staging, copy
+    and borrowed, interleaved (``bench_bounded``)."""
+    b = SIZES["bound_large"]
+    extra = {**PINNED, "instanttensor_buffer_size": b}
+    configs = [
+        ("series unbound", "series", {}),
+        (f"series {size_label(b)}, pinned staging", "series", {"extra": extra}),
+        (f"series {size_label(b)}, pinned staging, borrowed", "series",
+         {"extra": {**extra, **COPY_FALSE}}),
+    ]  # fmt: skip
+    st = bench_bounded(run, W, ck, "kimi", until, configs)
+    st["bound_bytes"] = b
+    return st
+
+
 MANY_REPEATS = 4
 BASE_BOUND = "base release, INSTANTTENSOR_BUFFER_SIZE at the bound"
 # The rows ``many`` runs unless ``--many-configs`` names others ("all": every
 # row of ``many_configs``): the base and the series in copy and borrowed mode,
 # 35 s a round on the H200, so that four rounds fit beside the other phases.
-MANY_MODES = ("base release", "series, options unset", "series, instanttensor_copy: false")
+MANY_MODES = (
+    "base release",
+    "series, options unset",
+    "series, instanttensor_copy: false",
+    "series bound",
+)
 
 
 def many_configs(ck: dict) -> list:
@@ -1002,7 +1127,8 @@ def bench_many(
     for label, s in out["configs"].items():
         if not label.startswith("check cost"):
             # A bounded load against the base release with its ring at the same bound.
-            s["base"] = BASE_BOUND if label.startswith("series bound") else "base release"
+            bounded = label.startswith("series bound") and BASE_BOUND in out["configs"]
+            s["base"] = BASE_BOUND if bounded else "base release"
             base = out["configs"].get(s["base"], {})
             s["ratio_vs_base"] = common.ratio(s["median_s"], base.get("median_s"))
             # Interference only adds time: the best rounds compare the cost.
@@ -1081,7 +1207,7 @@ def main() -> int:
     parser.add_argument("--bundle", default=".device")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/qual-out"))
     parser.add_argument("--work", default="/tmp/qual")
-    parser.add_argument("--budget", type=float, default=450)
+    parser.add_argument("--budget", type=float, default=540)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument(
         "--many-rounds",
@@ -1211,6 +1337,15 @@ def main() -> int:
         gen_cmd += ["--only", ",".join(k for k in KINDS if k in needed)]
         if args.small:
             gen_cmd.append("--small")
+        if "disk" in needed:
+            disk = work / "disk-root" if args.small else choose_disk(run, work)
+            shutil.rmtree(disk, ignore_errors=True)
+            gen_cmd += ["--disk-root", str(disk)]
+        shares = {k: v for k, v in PHASE_SECONDS.items() if k not in skip}
+        run.log(
+            f"time budget {args.budget:.0f} s; phase shares (s): {json.dumps(shares)},"
+            f" {sum(shares.values())} in all, after the tests (~125 s) and setup (~40 s)"
+        )
         gen_log = (work / "checkpoints.log").open("w")
         gen_t0 = time.monotonic()
         gen = subprocess.Popen(
@@ -1320,6 +1455,9 @@ def main() -> int:
                 ("deferred", "layered", lambda until: bench_deferred(run, W, ck, controls, until)),
                 ("pinned_read", "staging", lambda until: bench_pinned_read(run, W, ck)),
                 ("bound", "heavy", lambda until: bench_bound(run, W, ck, until)),
+                ("disk", "disk", lambda until: bench_disk(run, W, ck, until)),
+                ("draft", "draft", lambda until: bench_draft(run, W, ck, until)),
+                ("kimi", "kimi", lambda until: bench_kimi(run, W, ck, until)),
                 (
                     "many",
                     "many",
@@ -1491,6 +1629,8 @@ def finish(run: Run, res: dict, series_mode: bool, args) -> None:
         print(f"STATUS {res.get('status')} wall {res.get('wall_seconds')} s")
     if not args.small:
         shutil.rmtree("/dev/shm/qual", ignore_errors=True)
+        if res.get("disk"):
+            shutil.rmtree(res["disk"]["folder"], ignore_errors=True)
 
 
 def print_table(res: dict) -> None:

@@ -381,11 +381,13 @@ def op_load(cmd: dict) -> dict:
     selects the other ring policy (``ring_policy``); ``pieces`` how tensors
     above a quarter of the bound stream (``pieces``); ``pinned_read``
     (``{"threads", "chunk_bytes"}``) how the pinned reader reads
-    (``pinned_read``)."""
+    (``pinned_read``); ``drop_cache``: the page cache is dropped first
+    (``drop_page_cache``, recorded as ``page_cache``)."""
     folder, fmt = cmd["dir"], cmd.get("format", "instanttensor")
     verify = cmd.get("verify", False)
     set_env(cmd.get("env"))
     dests = dests_for(folder)
+    cache = drop_page_cache(folder) if cmd.get("drop_cache") else None
     if verify:
         for d in dests.values():
             as_bytes(d).fill_(0xA5)
@@ -431,6 +433,7 @@ def op_load(cmd: dict) -> dict:
         seconds = time.perf_counter() - t0
     result = {
         "seconds": seconds,
+        "page_cache": cache,
         "bytes": n_bytes,
         "n": len(seen),
         "cpu_n": cpu_n,
@@ -462,6 +465,60 @@ def op_load(cmd: dict) -> dict:
                 bad.append(name)
         result["mismatches"] = bad[:20]
         result["n_mismatches"] = len(bad)
+    return result
+
+
+def drop_page_cache(folder: str) -> str:
+    """Drop the page cache before a load from disk: the kernel's whole cache
+    as root (``drop_caches``), else each of the folder's files
+    (``posix_fadvise`` DONTNEED, after fsync).  Returns which was done."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return "drop_caches"
+    except OSError:
+        for path in Path(folder).iterdir():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "posix_fadvise"
+
+
+def op_draft(cmd: dict) -> dict:
+    """A draft loaded after its target filled the GPU: the draft's
+    parameters are allocated first, then the GPU is filled so that
+    ``leave_free`` bytes stay free, then one timed load (``load``'s
+    arguments, not verified); a load that raises is recorded as its outcome.
+    Last, with the filler freed, every parameter is compared bitwise with the
+    file."""
+    folder = cmd["dir"]
+    dests = dests_for(folder)
+    for d in dests.values():
+        as_bytes(d).fill_(0xA5)
+    empty_cache()
+    free0 = torch.cuda.mem_get_info()[0] if DEVICE == "cuda" else None
+    if free0 is not None:
+        STATE["filler"] = torch.empty(
+            max(0, free0 - cmd["leave_free"]), dtype=torch.uint8, device=DEVICE
+        )
+    free = torch.cuda.mem_get_info()[0] if DEVICE == "cuda" else None
+    try:
+        result = op_load({**cmd, "verify": False})
+        result["outcome"] = "loaded"
+    except Exception as e:
+        result = {"outcome": "raised", "failure": f"{type(e).__name__}: {e}"[-800:]}
+    finally:
+        STATE.pop("filler", None)
+        empty_cache()
+    result.update(free_before=free, leave_free=cmd["leave_free"])
+    if result["outcome"] == "loaded":
+        refs = references(folder)
+        bad = [n for n in dests if not torch.equal(as_bytes(refs[n]), as_bytes(dests[n]))]
+        result.update(n_mismatches=len(bad), mismatches=bad[:20])
+    drop_references()
     return result
 
 
@@ -1066,6 +1123,7 @@ OPS = {
     "info": op_info,
     "load": op_load,
     "stream": op_stream,
+    "draft": op_draft,
     "pinned": op_pinned,
     "real": op_real,
     "layerwise": op_layerwise,
