@@ -344,10 +344,16 @@ def make_draft(root: Path) -> dict:
 def make_kimi(root: Path) -> dict:
     """A Kimi-K2-class byte mix: only ``embed_tokens`` (first shard) and
     ``lm_head`` (last; the draft's shard, hard-linked) at 163840 x 7168 bf16,
-    the synthetic checkpoint's dense tensors (all of them at most 62.5 MiB)
-    between them."""
+    the synthetic checkpoint's middle shards (dense tensors of at most
+    56 MiB; not the shards with its own embedding and head) between them."""
     folder = root / "kimi"
     files, weight_map = link_shards(root, folder)
+    # The synthetic shards that hold its own embedding and head stay out.
+    vocab = {weight_map[n] for n in weight_map if n.startswith(("model.embed_tokens.", "lm_head."))}
+    for name in vocab:
+        (folder / name).unlink()
+    files = [f for f in files if f not in vocab]
+    weight_map = {n: f for n, f in weight_map.items() if f not in vocab}
     first = "model-00000-embed.safetensors"
     written = write_sharded(folder, [[vocab_tensor("model.embed_tokens.weight")]],
                             first_index=50_000, names=[first])  # fmt: skip

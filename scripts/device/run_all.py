@@ -16,7 +16,7 @@ trees and wheels this script leaves under ``--work``, and adds ``tp2.json``
 and ``tp2.log`` to ``$OUT``).
 
 Every step has its own time limit and the whole run a budget (``--budget``,
-default 450 s), so one hang cannot hold the run past its budget: a step that
+default 540 s), so one hang cannot hold the run past its budget: a step that
 runs out is killed, recorded, and the run goes on to write its evidence.
 Each benchmark also has its share of the budget (``PHASE_SECONDS``): past it,
 it starts no new round, so the later benchmarks still run.
@@ -46,6 +46,16 @@ interleaved between the workers, and the report:
                bounded + pinned staging, the base at the bound, and the
                retention check's cost with that consumer at stack depth 1 and
                60 (20 of the shards)
+  disk         the disk checkpoint (5 GiB) on the machine's own disk, page
+               cache dropped before every load: base, series unbounded,
+               256 MiB and 1 GiB bounds; time, backend, io depth
+  draft        a draft (lm_head 163840 x 7168 + one dense layer, 3.3 GiB)
+               after its target filled the GPU to 4 GiB, then 1 GiB free:
+               options unset against vLLM's safetensors loader; outcome,
+               bitwise, time, peak extra, ring
+  kimi         embed_tokens and lm_head (163840 x 7168) above a 256 MiB
+               bound, the rest dense: bounded pinned, copy and borrowed,
+               x unbounded
   tuning       InstantTensor's own knobs (skipped unless ``--skip`` omits it)
   bound        the series (tensors above ``instanttensor_buffer_size`` B on
                CPU, the others whole through InstantTensor's ring of B)
@@ -1337,8 +1347,8 @@ def main() -> int:
         gen_cmd += ["--only", ",".join(k for k in KINDS if k in needed)]
         if args.small:
             gen_cmd.append("--small")
+        disk = work / "disk-root" if args.small or "disk" not in needed else choose_disk(run, work)
         if "disk" in needed:
-            disk = work / "disk-root" if args.small else choose_disk(run, work)
             shutil.rmtree(disk, ignore_errors=True)
             gen_cmd += ["--disk-root", str(disk)]
         shares = {k: v for k, v in PHASE_SECONDS.items() if k not in skip}
@@ -1417,7 +1427,7 @@ def main() -> int:
         run.log(f"checkpoints: rc={rc}, {time.monotonic() - gen_t0:.1f}s since start")
         ck: dict = {}
         for kind in KINDS:
-            path = shm / kind / "checkpoint.json"
+            path = (disk if kind == "disk" else shm) / kind / "checkpoint.json"
             if path.exists():
                 ck[kind] = json.loads(path.read_text())
         res["checkpoints"] = {
