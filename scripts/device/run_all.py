@@ -1015,12 +1015,12 @@ def bench_draft(run: Run, W: dict, ck: dict, until: float) -> dict:
             r = W[wname].call("draft", dir=folder, format=fmt_, leave_free=leave, timeout=120)
             r["ring_bytes"] = max((rd["buffer_size"] for rd in r.get("readers", [])), default=None)
             r.pop("readers", None)
-            out["rows"][f"{label}, {size_label(free)} free"] = r
+            out["rows"][f"{label}, {free / common.GiB:g} GiB free"] = r
             if r.get("n_mismatches"):
-                run.problem(f"draft {label} at {size_label(free)} free: {r['n_mismatches']} differ")
+                run.problem(f"draft {label}, {free / common.GiB:g} GiB free: mismatches")
     for free in DRAFT_FREE:
-        mine = out["rows"].get(f"series, options unset, {size_label(free)} free", {})
-        ref = out["rows"].get(f"vLLM safetensors, {size_label(free)} free", {})
+        mine = out["rows"].get(f"series, options unset, {free / common.GiB:g} GiB free", {})
+        ref = out["rows"].get(f"vLLM safetensors, {free / common.GiB:g} GiB free", {})
         mine["ratio_vs_safetensors"] = common.ratio(mine.get("seconds"), ref.get("seconds"))
     return out
 

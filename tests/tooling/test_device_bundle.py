@@ -623,7 +623,7 @@ def test_device_procedure_end_to_end_on_cpu(tmp_path):
     assert {c["tp"] for c in res["deferred"]["configs"].values()} == {1, 8}
     assert res["pinned_read"]["pinned_reader"] == "absent from this tree"
     many = res["many"]
-    assert set(many["configs"]) == {"base release", "series, options unset"}
+    assert set(many["configs"]) == {"base release", "series, options unset", "series bound"}
     assert many["not_run"] == ["series, instanttensor_copy: false (needs the series)"]
     assert all(c["runs"] for c in many["configs"].values())
     assert "SMOKE RUN" in (tmp_path / "out" / "summary.md").read_text()
@@ -777,7 +777,9 @@ def test_device_procedure_on_the_series_on_cpu(series_bundle, tmp_path):
     assert all("first_tensor_s" in p for p in res["many"]["profile_first"].values())
 
     targets = {t["name"]: t for t in res["targets"]}
-    assert len(targets) == 15 and not any("ambitious" in name for name in targets)
+    assert len(targets) == 41 and not any("ambitious" in name for name in targets)
+    for name in ("Kimi-K2-class mix", "draft after target", "disk, series"):
+        assert any(n.startswith(name) for n in targets), name
     refused = {k for k, c in deferred.items() if "error" in c}  # borrowed CPU sources, above
     for name, t in targets.items():
         if name.startswith("deferred") and refused:
@@ -829,7 +831,7 @@ def test_many_tensor_benchmark_alone_on_cpu(series_bundle, tmp_path):
         assert on["n_tensors"] == 80 and "ratio_vs_base" not in on
         assert on["check_ratio"] == pytest.approx(on["median_s"] / off["median_s"])
     targets = {t["name"]: t for t in res["targets"]}
-    assert all(name.startswith("many tensors: ") for name in targets) and len(targets) == 7
+    assert all(name.startswith("many tensors: ") for name in targets) and len(targets) == 12
     bound = run_all_module().BASE_BOUND
     assert f"many tensors: series bound, pinned staging / {bound} (time)" in targets
     assert configs["series bound"]["base"] == bound and configs[bound]["tree"] == "base"
