@@ -15,6 +15,9 @@ from . import hints, patchset, seriesdoc
 from . import manifest as manifest_mod
 from .errors import SeriesError
 
+# The constant of the patched loader that names the series in its log line.
+SERIES_CONSTANT = "INSTANTTENSOR_LOADER_SERIES"
+
 
 def problems(
     manifest: manifest_mod.Manifest, patch_dir: Path = manifest_mod.PATCH_DIR
@@ -58,6 +61,16 @@ def problems(
         if subject != entry.subject:
             found.append(f"{entry.file}: subject {subject!r}, manifest {entry.subject!r}")
         touched.update(patchset.files_touched(patch_dir, path))
+    # The loader's log line names the series: the constant a patch adds must
+    # be the manifest's name and version, so a server log and the wheel say which.
+    label = f'{SERIES_CONSTANT} = "{manifest.name} v{manifest.version}"'
+    for entry in manifest.patches:
+        path = patch_dir / entry.file
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        for line in lines:
+            if line.startswith(f"+{SERIES_CONSTANT} = ") and line[1:] != label:
+                found.append(f"{entry.file} sets {line[1:]}, the manifest says {label}: make"
+                             " them agree (the patch, or series.version)")  # fmt: skip
     # The base must be what `make base` rebuilds: the project's series pins an
     # sdist, whose recorded upstream commit (where `make base` cached it) is its own.
     b = manifest.base

@@ -3,6 +3,8 @@ catches tampered, missing and unlisted patches."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from seriestool import apply as apply_mod
 from seriestool import check_manifest, patchset
@@ -190,6 +192,17 @@ def test_a_cited_gpu_run_of_other_patch_ids_fails(tmp_path):
         f"SERIES.md cites qualification/old/, a GPU run of other patch IDs than"
         f" patches/series.json (differ: {last}): cite a run of the shipped patches"
     ]
+
+
+def test_the_series_the_loader_names_is_the_manifests(tmp_path):
+    """The constant the patched loader logs (INSTANTTENSOR_LOADER_SERIES) is the
+    manifest's name and version; another version is an error naming both."""
+    shutil.copytree(manifest_mod.PATCH_DIR, tmp_path / "patches")
+    manifest = manifest_mod.load(tmp_path / "patches" / "series.json")
+    assert check_manifest.problems(manifest, tmp_path / "patches") == []
+    manifest.version = "0.9"
+    (problem,) = check_manifest.problems(manifest, tmp_path / "patches")
+    assert f'the manifest says INSTANTTENSOR_LOADER_SERIES = "{manifest.name} v0.9"' in problem
 
 
 def test_export_refuses_merge_commits(toy_series):
