@@ -38,6 +38,10 @@ MANAGED_ENV = (
     "INSTANTTENSOR_IO_DEPTH",
     "INSTANTTENSOR_BACKEND",
 )
+# ``--small`` (CPU tests): the I/O chunk every worker reads with unless a
+# configuration sets its own, scaled down with the bounds, which InstantTensor
+# refuses below one chunk.
+SMALL_CHUNK_ENV = "QUALIFICATION_SMALL_CHUNK_SIZE"
 
 
 # --- trees -------------------------------------------------------------------

@@ -197,6 +197,8 @@ def tree_env(tree: Path, site: Path) -> dict:
     env["PYTHONPATH"] = ":".join([*EXTRA_PATH, str(tree), str(site)])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if "chunk" in SIZES:
+        env[common.SMALL_CHUNK_ENV] = str(SIZES["chunk"])
     return env
 
 
@@ -454,6 +456,7 @@ SMALL_SIZES = {
     "bound_large": 2 * common.MiB,
     "real_bound": common.MiB // 2,
     "layer_shape": [256, 256],
+    "chunk": 64 * 1024,  # InstantTensor refuses a bound below one chunk
 }
 
 # Each benchmark's share of the budget (seconds): a phase stops starting new

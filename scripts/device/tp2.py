@@ -475,6 +475,8 @@ def main() -> int:
         env["PYTHONPATH"] = ":".join([*args.extra_path, str(tree), str(site)])
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if args.small:  # InstantTensor refuses a bound below chunk x world size
+            env["INSTANTTENSOR_CHUNK_SIZE"] = str(SMALL_BOUND // 8)
         rank_log = (work / "tp2-ranks.log").open("w")
         port = free_port()
         # The ranks import vLLM while the checkpoints are written.

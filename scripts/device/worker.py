@@ -107,6 +107,8 @@ def install_reader_recorder() -> None:
 def set_env(env: dict | None) -> None:
     for key in common.MANAGED_ENV:
         os.environ.pop(key, None)
+    if chunk := os.environ.get(common.SMALL_CHUNK_ENV):
+        os.environ["INSTANTTENSOR_CHUNK_SIZE"] = chunk
     for key, value in (env or {}).items():
         os.environ[key] = str(value)
 
