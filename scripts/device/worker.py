@@ -327,19 +327,18 @@ def retention_check(enabled: bool):
     them, for the duration (to measure its cost).  A tree without it is left
     as it is.  Yields whether it was switched off, so that a renamed function
     cannot pass for a disabled one."""
-    names = ("_borrowed_views", "_check_released")
+    names = ("_borrowed_views",)
     originals = {name: getattr(weight_utils, name, None) for name in names}
     if enabled or None in originals.values():
         yield False
         return
 
-    def marked(weights, past):
+    def marked(weights):
         for name, tensor in weights:
             setattr(tensor, weight_utils.BORROWED_WEIGHT_ATTR, True)
             yield name, tensor
 
     weight_utils._borrowed_views = marked
-    weight_utils._check_released = lambda past: None
     try:
         yield True
     finally:
