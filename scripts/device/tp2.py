@@ -178,6 +178,8 @@ def rank_main(args: argparse.Namespace) -> int:
         current_platform.current_device = lambda: rank if device == "cuda" else "cpu"
         if device == "cpu":  # no pinning without a GPU (the pinned reader's arena)
             weight_utils.is_pin_memory_available = lambda: False
+            # The ranks compare their free device memory: 64 GiB each.
+            torch.cuda.mem_get_info = lambda device=None: (64 << 30, 64 << 30)
         base_iterator = load_base_iterator(args.base_tree)
         plan = wait_for_plan(Path(args.plan), args.plan_timeout)
         init_distributed_environment(
